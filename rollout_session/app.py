@@ -1,0 +1,146 @@
+"""The Quart-Trio application: `create_app(settings)` and its error handling.
+
+The app owns everything (registry, worker pool, tokenizer, CPU limiter) via
+one `ServerContext` stored in ``app.extensions["rollout_session"]``. One error
+handler renders every `RolloutSessionError` as the OpenAI error body; HTTP
+errors raised by Quart itself and unexpected exceptions get the same shape,
+never a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from quart import Response
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from .config import Settings
+from .context import ServerContext
+from .errors import (
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    RequestTooLarge,
+    RolloutSessionError,
+    RouteNotFound,
+    UpstreamError,
+)
+from .routes import register_routes
+from .sessions import SessionRegistry
+from .tokenization import ChatTokenizer, load_tokenizer
+from .upstream import WorkerPool
+
+__all__ = ["create_app", "server_context"]
+
+logger = logging.getLogger("rollout_session")
+_EXTENSION = "rollout_session"
+
+
+def error_response(error: RolloutSessionError) -> Response:
+    return Response(
+        error.to_body(),
+        status=error.status_code,
+        headers=error.headers,
+        content_type="application/json",
+    )
+
+
+def _from_http_exception(exc: HTTPException) -> RolloutSessionError:
+    if exc.code == 404:
+        return RouteNotFound("no such route")
+    if exc.code == 405:
+        return MethodNotAllowed("method not allowed on this route")
+    if exc.code == 413:
+        return RequestTooLarge("request body is larger than the server's limit")
+    return InvalidRequest(exc.description or "bad request")
+
+
+def server_context(app: QuartTrio) -> ServerContext:
+    ctx: ServerContext = app.extensions[_EXTENSION]
+    return ctx
+
+
+def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) -> QuartTrio:
+    """Build the app. `tokenizer` skips loading one at startup (embedding, tests)."""
+    app = QuartTrio("rollout_session")
+    # Quart's defaults (16 MiB body, 60 s response timeout) silently cut long
+    # generations; the body limit is ours, responses are never timed out.
+    app.config.update(
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        RESPONSE_TIMEOUT=None,
+        BODY_TIMEOUT=60,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+    pool = WorkerPool(
+        timeout_s=settings.upstream_timeout_s,
+        connect_timeout_s=settings.connect_timeout_s,
+        max_connections=settings.upstream_max_connections,
+    )
+    for url in settings.workers:
+        pool.add(url)
+    ctx = ServerContext(
+        settings=settings,
+        registry=SessionRegistry(),
+        pool=pool,
+        cpu_limiter=trio.CapacityLimiter(settings.cpu_threads),
+        tokenizer=tokenizer,
+    )
+    app.extensions[_EXTENSION] = ctx
+
+    @app.before_serving
+    async def startup() -> None:
+        await _load_model(ctx)
+
+    @app.after_serving
+    async def shutdown() -> None:
+        await ctx.pool.aclose()
+
+    @app.errorhandler(RolloutSessionError)
+    async def on_error(error: RolloutSessionError) -> Response:
+        if error.status_code == 500:
+            logger.error("%s: %s", error.code, error.message)
+        return error_response(error)
+
+    @app.errorhandler(HTTPException)
+    async def on_http_error(error: HTTPException) -> Response:
+        return error_response(_from_http_exception(error))
+
+    @app.errorhandler(Exception)
+    async def on_unexpected(error: Exception) -> Response:
+        logger.exception("unexpected error handling a request")
+        return error_response(InternalError(f"internal error: {type(error).__name__}"))
+
+    register_routes(app, ctx)
+    return app
+
+
+async def _load_model(ctx: ServerContext) -> None:
+    """Learn the served model and load the tokenizer before taking requests.
+
+    Without --tokenizer the worker must answer (it names its tokenizer); with
+    one, an unreachable worker only delays the model card until first use.
+    """
+    settings = ctx.settings
+    try:
+        ctx.model_info = await ctx.pool.model_info()
+    except UpstreamError:
+        if settings.tokenizer is None and ctx.tokenizer is None:
+            raise
+        logger.warning("worker model info unavailable at startup; continuing with --tokenizer")
+    if ctx.tokenizer is not None:
+        return
+    path = settings.tokenizer or (ctx.model_info.tokenizer_path if ctx.model_info else None)
+    if not path:
+        raise RuntimeError("the worker reports no tokenizer_path; pass --tokenizer")
+    try:
+        ctx.tokenizer = await trio.to_thread.run_sync(load_tokenizer, path, settings.chat_template)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"cannot load tokenizer {path!r} ({exc}); pass --tokenizer") from exc
+    logger.info(
+        "serving %s with tokenizer %s (vocab %d)",
+        ctx.model_info.model if ctx.model_info else "unknown model",
+        path,
+        ctx.tokenizer.vocab_size,
+    )

@@ -1,0 +1,158 @@
+"""Command line: ``rollout-session serve`` and ``rollout-session emulator``.
+
+Every ``serve`` flag mirrors a `Settings` field and can also be given as the
+environment variable ``ROLLOUT_SESSION_<FLAG>`` (dashes → underscores, upper
+case); a flag on the command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import trio
+
+from .config import Settings
+from .serving import start_server
+
+__all__ = ["main", "settings_from_args"]
+
+_ENV_PREFIX = "ROLLOUT_SESSION_"
+
+
+def _csv(value: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in value.split(",") if part.strip())
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    data = orjson.loads(value)
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return data
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if value.lower() in {"0", "false", "no", "off", ""}:
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
+
+
+# (flag, Settings field, type, help). The default always comes from Settings.
+_SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
+    ("--host", "host", str, "bind address"),
+    ("--port", "port", int, "bind port (0 = any free port)"),
+    ("--tokenizer", "tokenizer", str, "HF tokenizer dir (default: ask the first worker)"),
+    ("--chat-template", "chat_template", str, "template file, or built-in: chatml, qwen3"),
+    ("--chat-template-kwargs", "chat_template_kwargs", _json_object, "JSON object"),
+    ("--append-roles", "append_roles", _csv, "roles an agent may append, comma-separated"),
+    ("--max-rollback-turns", "max_rollback_turns", int, "turns a divergent request may drop"),
+    ("--context-length", "context_length", int, "model context (default: from worker)"),
+    ("--upstream-timeout-s", "upstream_timeout_s", float, "whole-turn worker timeout"),
+    ("--connect-timeout-s", "connect_timeout_s", float, "worker connect timeout"),
+    ("--upstream-max-connections", "upstream_max_connections", int, "pool size per worker"),
+    ("--cpu-threads", "cpu_threads", int, "threads for large parse/validate work"),
+    ("--offload-threshold-kb", "offload_threshold_kb", int, "offload bodies over this size"),
+    ("--max-body-mb", "max_body_mb", float, "largest accepted request body"),
+    ("--demo-workers", "demo_workers", int, "emulator workers started by --demo"),
+    ("--log-level", "log_level", str, "debug, info, warning, error"),
+)
+
+
+def _env_default(
+    env: Mapping[str, str], dest: str, kind: Callable[[str], Any], default: Any
+) -> Any:
+    raw = env.get(_ENV_PREFIX + dest.upper())
+    return default if raw is None else kind(raw)
+
+
+def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    defaults = Settings(demo=True)
+    for flag, dest, kind, help_text in _SERVE_OPTIONS:
+        default = _env_default(env, dest, kind, getattr(defaults, dest))
+        parser.add_argument(flag, dest=dest, type=kind, default=default, help=help_text)
+    workers_env = env.get(_ENV_PREFIX + "WORKERS", "")
+    parser.add_argument(
+        "--worker",
+        dest="workers",
+        action="append",
+        default=None,
+        help="SGLang worker base URL (repeatable; env: comma-separated WORKERS)",
+    )
+    parser.set_defaults(workers_env=[w for w in workers_env.split(",") if w.strip()])
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        default=_env_default(env, "demo", _bool, False),
+        help="start the built-in SGLang emulator in-process (no GPU needed)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    values = {dest: getattr(args, dest) for _, dest, _, _ in _SERVE_OPTIONS}
+    workers = args.workers if args.workers is not None else args.workers_env
+    return Settings(**values, workers=tuple(workers), demo=args.demo)
+
+
+async def serve(settings: Settings) -> None:
+    """Run the server (and, in demo mode, its emulator workers) until SIGINT/SIGTERM."""
+    from .app import create_app
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            if settings.demo:
+                settings = await _start_demo_workers(nursery, settings)
+            app = create_app(settings)
+            server = await start_server(nursery, app, host=settings.host, port=settings.port)
+            print(f"rollout-session listening on {server.url}", flush=True)
+            print(f"  create a session: curl -X POST {server.url}/sessions", flush=True)
+            async for _ in signals:
+                break
+            await server.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def _start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
+    from .testing.emulator import EmulatorConfig, start_emulator
+    from .testing.tokenizer import test_tokenizer_path
+
+    urls = list(settings.workers)
+    for i in range(settings.demo_workers):
+        running, _ = await start_emulator(nursery, EmulatorConfig(seed=i), host="127.0.0.1")
+        print(f"demo SGLang emulator worker {i} on {running.url}", flush=True)
+        urls.append(running.url)
+    tokenizer = settings.tokenizer or str(test_tokenizer_path())
+    return replace(settings, workers=tuple(urls), tokenizer=tokenizer)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from .testing import emulator_cli
+
+    parser = argparse.ArgumentParser(prog="rollout-session", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help="run the session server")
+    _add_serve_arguments(serve_parser, os.environ)
+    emulator_parser = commands.add_parser("emulator", help="run the SGLang emulator worker")
+    emulator_cli.add_arguments(emulator_parser)
+    args = parser.parse_args(argv)
+    if args.command == "emulator":
+        emulator_cli.run(args)
+        return
+    try:
+        settings = settings_from_args(args)
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    trio.run(serve, settings)

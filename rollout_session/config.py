@@ -1,0 +1,91 @@
+"""Server settings: one frozen dataclass, validated on construction.
+
+The CLI (``cli.py``) builds it from flags and ``ROLLOUT_SESSION_*`` variables;
+tests and embedders build it directly. Nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["KNOWN_ROLES", "Settings"]
+
+# Roles a request may carry. "developer" is OpenAI's newer name for system.
+KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+_URL = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # SGLang base URLs, e.g. "http://10.0.0.5:30000" (no trailing /v1).
+    workers: tuple[str, ...] = ()
+    # HF tokenizer directory; None = ask the first worker's /get_model_info.
+    tokenizer: str | None = None
+    # Chat template file (or a built-in name: chatml, qwen3); None = tokenizer's own.
+    chat_template: str | None = None
+    # Defaults merged under each request's own `chat_template_kwargs`.
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    # Roles an agent may append after the assistant's last answer.
+    append_roles: frozenset[str] = frozenset({"tool", "user"})
+    max_rollback_turns: int = 1
+    # Model context in tokens; None = the worker's `max_model_len` if it reports one.
+    context_length: int | None = None
+    upstream_timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+    # Connections per worker client: httpcore scans its whole pool per request.
+    upstream_max_connections: int = 64
+    cpu_threads: int = 2
+    offload_threshold_kb: int = 256
+    max_body_mb: float = 64.0
+    demo: bool = False
+    demo_workers: int = 1
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.port <= 65535):
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        for url in self.workers:
+            if not _URL.match(url):
+                raise ValueError(f"worker URL must be http(s)://host[:port][/path]: {url!r}")
+        object.__setattr__(self, "workers", tuple(u.rstrip("/") for u in self.workers))
+        unknown = self.append_roles - KNOWN_ROLES
+        if unknown or not self.append_roles:
+            raise ValueError(f"append_roles must be a non-empty subset of {sorted(KNOWN_ROLES)}")
+        object.__setattr__(
+            self, "chat_template_kwargs", MappingProxyType(dict(self.chat_template_kwargs))
+        )
+        _positive("upstream_timeout_s", self.upstream_timeout_s)
+        _positive("connect_timeout_s", self.connect_timeout_s)
+        _positive("max_body_mb", self.max_body_mb)
+        for name in ("upstream_max_connections", "cpu_threads", "demo_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_rollback_turns < 0:
+            raise ValueError("max_rollback_turns must be >= 0")
+        if self.offload_threshold_kb < 0:
+            raise ValueError("offload_threshold_kb must be >= 0")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError("context_length must be >= 1")
+        if not self.demo and not self.workers:
+            raise ValueError("at least one worker URL is required (or demo mode)")
+        if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError(f"unknown log level {self.log_level!r}")
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+    @property
+    def offload_threshold_bytes(self) -> int:
+        return self.offload_threshold_kb * 1024
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")

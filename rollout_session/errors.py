@@ -1,0 +1,218 @@
+"""The error tree: every error an HTTP client of the server can see.
+
+Like httpx's ``_exceptions``: one base class, one subclass per failure, each
+carrying its HTTP ``status_code`` and its stable ``code`` (DESIGN §3). The app
+has a single handler that turns any of them into the OpenAI error body
+``{"error": {"message", "type", "code", "param"}}`` so the official SDK raises
+the matching exception with our message.
+
+Tree::
+
+    RolloutSessionError
+    ├── ClientError (4xx, the request is at fault)
+    │   ├── InvalidRequest, TrajectoryDiverged, ContextLengthExceeded
+    │   ├── Unauthorized, RouteNotFound, MethodNotAllowed
+    │   ├── SessionNotFound, SessionClosing, SessionBusy, SessionExists
+    │   ├── RequestTooLarge, TooManySessions
+    └── ServerError (5xx)
+        ├── UpstreamError, UpstreamMalformed, UpstreamTimeout, NoHealthyWorker
+        └── InvariantViolated, InternalError
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import orjson
+
+__all__ = [
+    "ClientError",
+    "ContextLengthExceeded",
+    "InternalError",
+    "InvalidRequest",
+    "InvariantViolated",
+    "MethodNotAllowed",
+    "NoHealthyWorker",
+    "RequestTooLarge",
+    "RolloutSessionError",
+    "RouteNotFound",
+    "ServerError",
+    "SessionBusy",
+    "SessionClosing",
+    "SessionExists",
+    "SessionNotFound",
+    "TooManySessions",
+    "TrajectoryDiverged",
+    "Unauthorized",
+    "UpstreamError",
+    "UpstreamMalformed",
+    "UpstreamTimeout",
+    "error_body",
+]
+
+
+class RolloutSessionError(Exception):
+    """Base of every error the server answers with."""
+
+    status_code: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    # OpenAI's `type` field: clients branch on it less than on the status.
+    error_type: ClassVar[str] = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers: dict[str, str] = dict(headers or {})
+
+    def to_body(self) -> bytes:
+        return error_body(self.message, self.error_type, self.code, self.param)
+
+
+def error_body(message: str, error_type: str, code: str, param: str | None = None) -> bytes:
+    """The OpenAI error document, serialised."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "code": code, "param": param}}
+    )
+
+
+class ClientError(RolloutSessionError):
+    status_code = 400
+    code = "invalid_request"
+    error_type = "invalid_request_error"
+
+
+class InvalidRequest(ClientError):
+    """Malformed JSON, wrong types, unsupported values; never reaches a worker."""
+
+    code = "invalid_request"
+
+
+class TrajectoryDiverged(ClientError):
+    """The messages do not extend the session's history and no rollback applies."""
+
+    code = "trajectory_diverged"
+
+
+class ContextLengthExceeded(ClientError):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(ClientError):
+    status_code = 401
+    code = "unauthorized"
+    error_type = "authentication_error"
+
+
+class RouteNotFound(ClientError):
+    status_code = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(ClientError):
+    status_code = 405
+    code = "method_not_allowed"
+
+
+class SessionNotFound(ClientError):
+    status_code = 404
+    code = "session_not_found"
+    error_type = "not_found_error"
+
+
+class SessionClosing(ClientError):
+    """A DELETE is under way; it wins over a concurrent or in-flight turn."""
+
+    status_code = 404
+    code = "session_closing"
+    error_type = "not_found_error"
+
+
+class SessionBusy(ClientError):
+    """The session already has a turn in flight; the worker never saw this request."""
+
+    status_code = 409
+    code = "session_busy"
+    error_type = "conflict_error"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class SessionExists(ClientError):
+    status_code = 409
+    code = "session_exists"
+    error_type = "conflict_error"
+
+
+class RequestTooLarge(ClientError):
+    """Body over --max-body-mb. The connection is closed: hypercorn would otherwise
+    keep reading the unread body as the next request and stall it."""
+
+    status_code = 413
+    code = "request_too_large"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Connection": "close"})
+
+
+class TooManySessions(ClientError):
+    status_code = 429
+    code = "too_many_sessions"
+    error_type = "rate_limit_error"
+
+
+class ServerError(RolloutSessionError):
+    status_code = 500
+    code = "internal_error"
+    error_type = "server_error"
+
+
+class UpstreamError(ServerError):
+    """Transport failure talking to the worker (after the retry rule)."""
+
+    status_code = 502
+    code = "upstream_error"
+
+
+class UpstreamMalformed(ServerError):
+    """A 200 from the worker failed strict validation; nothing was committed."""
+
+    status_code = 502
+    code = "upstream_malformed"
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        # Short machine-readable reason (e.g. "logprob_not_finite") for logs/metrics.
+        self.kind = kind
+
+
+class NoHealthyWorker(ServerError):
+    status_code = 503
+    code = "no_healthy_worker"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class UpstreamTimeout(ServerError):
+    status_code = 504
+    code = "upstream_timeout"
+
+
+class InvariantViolated(ServerError):
+    """An internal state check failed; logged at ERROR with the session id."""
+
+    code = "invariant_violated"
+
+
+class InternalError(ServerError):
+    """An unexpected exception: answered without a stack trace, logged with one."""
+
+    code = "internal_error"

@@ -1,0 +1,182 @@
+"""HTTP routes (DESIGN §3): thin adapters from Quart requests to the context.
+
+Handlers parse the request, call into sessions/turns/export and build the
+response; they hold no state of their own.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import orjson
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.datastructures import Headers
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from .context import ServerContext
+from .errors import InvalidRequest, RequestTooLarge, SessionClosing, UpstreamError
+from .export import ExportStatus, export_document, serialize
+from .sessions import SessionState
+from .turns import run_turn
+
+__all__ = ["register_routes"]
+
+_MAX_PAGE = 1000
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def document_response(ctx: ServerContext, doc: dict[str, Any]) -> Response:
+    # ~20 bytes of JSON per token: decide on the thread hop by that size.
+    body = await ctx.offload(len(doc["token_ids"]) * 20, serialize, doc)
+    return Response(body, content_type="application/json")
+
+
+async def read_body() -> bytes:
+    try:
+        data: bytes = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    except RequestEntityTooLarge:
+        raise RequestTooLarge("request body is larger than the server's limit") from None
+    return data
+
+
+async def read_json_object(*, optional: bool) -> dict[str, Any]:
+    body = await read_body()
+    if optional and not body.strip():
+        return {}
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return data
+
+
+def _create_args(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None, float | None]:
+    session_id = body.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        raise InvalidRequest("session_id must be a string", param="session_id")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidRequest("metadata must be an object", param="metadata")
+    ttl_s = body.get("ttl_s")
+    if ttl_s is not None and (
+        isinstance(ttl_s, bool)
+        or not isinstance(ttl_s, int | float)
+        or not math.isfinite(ttl_s)
+        or ttl_s <= 0
+    ):
+        raise InvalidRequest("ttl_s must be a positive number", param="ttl_s")
+    return session_id, metadata, ttl_s
+
+
+def _page_args(args: Any) -> tuple[SessionState | None, int, str | None]:
+    state_name = args.get("state")
+    try:
+        state = SessionState(state_name) if state_name else None
+    except ValueError:
+        names = [s.value for s in SessionState]
+        raise InvalidRequest(f"state must be one of {names}", param="state") from None
+    raw_limit = args.get("limit", "100")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= _MAX_PAGE:
+        raise InvalidRequest(f"limit must be an integer in [1, {_MAX_PAGE}]", param="limit")
+    return state, int(raw_limit), args.get("after")
+
+
+def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
+    registry = ctx.registry
+
+    @app.get("/health")
+    async def health() -> Response:
+        healthy, total = ctx.pool.counts()
+        return json_response(
+            {
+                "status": "ok",
+                "instance_id": ctx.instance_id,
+                "workers": {"healthy": healthy, "total": total},
+                "sessions": len(registry),
+            }
+        )
+
+    @app.post("/sessions")
+    async def create_session() -> Response:
+        session_id, metadata, ttl_s = _create_args(await read_json_object(optional=True))
+        session = registry.create(session_id, metadata=metadata, ttl_s=ttl_s)
+        return json_response(
+            {
+                "session_id": session.id,
+                "base_url": f"/sessions/{session.id}/v1",
+                "created_at": session.created_at,
+            },
+            status=201,
+        )
+
+    @app.get("/sessions")
+    async def list_sessions() -> Response:
+        state, limit, after = _page_args(request.args)
+        page, has_more = registry.page(state=state, limit=limit, after=after)
+        return json_response({"sessions": [s.summary() for s in page], "has_more": has_more})
+
+    @app.get("/sessions/<session_id>")
+    async def get_session(session_id: str) -> Response:
+        return json_response(registry.get(session_id).summary())
+
+    @app.get("/sessions/<session_id>/trajectory")
+    async def get_trajectory(session_id: str) -> Response:
+        session = registry.get(session_id)
+        status: ExportStatus = "expired" if session.state is SessionState.EXPIRED else "open"
+        return await document_response(ctx, export_document(session, status))
+
+    @app.delete("/sessions/<session_id>")
+    async def close_session(session_id: str) -> Response:
+        session = registry.get(session_id)
+        if session.state is SessionState.CLOSING:
+            raise SessionClosing(f"session {session.id} is already being closed")
+        slot = session.begin_close()
+        if slot is not None:
+            # The turn's handler runs inside slot.cancel_scope; cancelling it
+            # aborts the upstream request, and the turn commits nothing.
+            await slot.done.wait()
+        session.closed_at = registry.clock()
+        registry.remove(session)
+        ctx.pool.release_session(session.worker)
+        return await document_response(ctx, export_document(session, "closed"))
+
+    @app.post("/sessions/<session_id>/v1/chat/completions")
+    async def chat_completions(session_id: str) -> Response:
+        body = await read_body()
+        reply = await run_turn(ctx, session_id, body)
+        headers = Headers([(k, v) for k, v in reply.headers if k.lower() != "content-type"])
+        content_type = next(
+            (v for k, v in reply.headers if k.lower() == "content-type"), "application/json"
+        )
+        return Response(reply.body, status=reply.status, headers=headers, content_type=content_type)
+
+    @app.get("/sessions/<session_id>/v1/models")
+    async def list_models(session_id: str) -> Response:
+        registry.get(session_id)
+        if ctx.model_info is None:
+            ctx.model_info = await ctx.pool.model_info()
+        info = ctx.model_info
+        if info is None:
+            raise UpstreamError("the worker did not report its model")
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": info.model,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "rollout-session",
+                        "max_model_len": ctx.context_length,
+                    }
+                ],
+            }
+        )

@@ -1,0 +1,182 @@
+"""Sessions: their life-cycle state, the one-turn-in-flight gate, the registry.
+
+Every state change here is plain synchronous code. A check and the set that
+depends on it never have an ``await`` between them, so two requests racing
+for the same session are ordered by the event loop: one claims the slot, the
+other sees it taken (409) — the worker never sees the loser.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from .errors import (
+    InvalidRequest,
+    SessionBusy,
+    SessionClosing,
+    SessionExists,
+    SessionNotFound,
+)
+from .messages import Message
+from .trajectory import Trajectory
+
+__all__ = ["Session", "SessionRegistry", "SessionState", "TurnSlot"]
+
+SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class SessionState(enum.Enum):
+    # Takes turns (at most one in flight).
+    OPEN = "open"
+    # A DELETE is under way: new turns get 404 session_closing, the in-flight
+    # turn (if any) is being cancelled; the session is forgotten next.
+    CLOSING = "closing"
+    # Closed by the server itself (idle TTL, shutdown): no more turns, but the
+    # document stays readable until a DELETE collects it.
+    EXPIRED = "expired"
+
+
+@dataclass(slots=True)
+class TurnSlot:
+    """The in-flight turn of a session. The turn's handler runs inside
+    `cancel_scope`; `done` is set once it has released the slot."""
+
+    started_at: float
+    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass(slots=True)
+class Session:
+    id: str
+    metadata: dict[str, Any]
+    created_at: float
+    last_active_at: float
+    ttl_s: float | None = None
+    state: SessionState = SessionState.OPEN
+    trajectory: Trajectory = field(default_factory=Trajectory)
+    # Stored conversation: the last request's messages + the assistant answer
+    # we returned. Turn k's messages end at trajectory.turns[k].messages_end.
+    messages: list[Message] = field(default_factory=list)
+    # Tools of the first rendered prompt; a request with other tools diverges.
+    tools: list[Any] | None = None
+    # Base URL of the worker this session is pinned to (None before turn 1).
+    worker: str | None = None
+    model: str | None = None
+    closed_at: float | None = None
+    # Invariant: not None exactly while a turn is in flight.
+    slot: TurnSlot | None = None
+
+    def claim(self, now: float) -> TurnSlot:
+        """Take the turn slot, or raise why not (closing beats busy)."""
+        if self.state is SessionState.CLOSING:
+            raise SessionClosing(f"session {self.id} is being closed")
+        if self.state is not SessionState.OPEN:
+            raise SessionNotFound(f"session {self.id} is {self.state.value}; it takes no turns")
+        if self.slot is not None:
+            raise SessionBusy(f"session {self.id} already has a turn in flight")
+        self.slot = TurnSlot(started_at=now)
+        self.last_active_at = now
+        return self.slot
+
+    def release(self, slot: TurnSlot, now: float) -> None:
+        if self.slot is slot:
+            self.slot = None
+            self.last_active_at = now
+        slot.done.set()
+
+    def begin_close(self) -> TurnSlot | None:
+        """Enter CLOSING and cancel the in-flight turn; return it to wait on."""
+        self.state = SessionState.CLOSING
+        slot = self.slot
+        if slot is not None:
+            slot.cancel_scope.cancel()
+        return slot
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "session_id": self.id,
+            "state": self.state.value,
+            "num_turns": len(self.trajectory.turns),
+            "num_tokens": len(self.trajectory),
+            "worker": self.worker,
+            "created_at": self.created_at,
+            "last_active_at": self.last_active_at,
+            "metadata": self.metadata,
+        }
+
+
+class SessionRegistry:
+    """All sessions of one server, in creation order."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._sessions.values()))
+
+    def create(
+        self,
+        session_id: str | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        ttl_s: float | None = None,
+    ) -> Session:
+        if session_id is None:
+            session_id = uuid.uuid4().hex
+        elif not SESSION_ID.match(session_id):
+            raise InvalidRequest("session_id must match [A-Za-z0-9._:-]{1,128}", param="session_id")
+        if session_id in self._sessions:
+            raise SessionExists(f"session {session_id} already exists")
+        now = self.clock()
+        session = Session(
+            id=session_id,
+            metadata=dict(metadata or {}),
+            created_at=now,
+            last_active_at=now,
+            ttl_s=ttl_s,
+        )
+        self._sessions[session_id] = session
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(f"session {session_id} does not exist")
+        return session
+
+    def remove(self, session: Session) -> None:
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]
+
+    def page(
+        self, *, state: SessionState | None, limit: int, after: str | None
+    ) -> tuple[list[Session], bool]:
+        """Sessions in creation order after the id `after`; (page, has_more)."""
+        sessions = list(self._sessions.values())
+        start = 0
+        if after is not None:
+            ids = list(self._sessions)
+            if after not in self._sessions:
+                raise InvalidRequest(f"unknown cursor {after!r}", param="after")
+            start = ids.index(after) + 1
+        out: list[Session] = []
+        for session in sessions[start:]:
+            if state is not None and session.state is not state:
+                continue
+            if len(out) == limit:
+                return out, True
+            out.append(session)
+        return out, False

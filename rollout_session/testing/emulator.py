@@ -1,0 +1,444 @@
+"""The SGLang emulator server: configuration, per-server state, and routes.
+
+Owns `EmulatorConfig`, the `Emulator` (one per app: tokenizer, fake model,
+prefix cache, fault picker, and the counters/records tests inspect and wait
+on), the handling of one ``/v1/chat/completions`` call (request checks, fault
+selection, cache lookup, latency, recording), the other SGLang routes, and
+`start_emulator`. What the model samples and the response JSON live in
+`generation`, the cache model in `prefix_cache`, errors and injected faults
+in `faults`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from transformers import AutoTokenizer
+
+from rollout_session.serving import RunningServer, start_server
+from rollout_session.testing.faults import (
+    EARLY_FAULTS,
+    FAULT_HEADER,
+    FAULTS,
+    BadRequest,
+    DropConnectionMiddleware,
+    FaultPicker,
+    Reply,
+    context_length_message,
+    early_fault_reply,
+    error_body,
+    fault_reply,
+)
+from rollout_session.testing.generation import (
+    SampleSpec,
+    TextModel,
+    chat_response,
+    choose_tool,
+    derive_seed,
+    routed_experts_blob,
+)
+from rollout_session.testing.prefix_cache import PrefixCache
+from rollout_session.testing.tokenizer import test_tokenizer_path
+
+__all__ = [
+    "ChatRecord",
+    "Emulator",
+    "EmulatorConfig",
+    "create_emulator_app",
+    "start_emulator",
+]
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    """Everything an emulator does; latencies in seconds, sizes in tokens."""
+
+    tokenizer_path: Path = field(default_factory=test_tokenizer_path)
+    model_name: str = "rollout-session/emulator"
+    # Chat template text used instead of the tokenizer's own (e.g. builtin_template("qwen3")).
+    chat_template: str | None = None
+    seed: int = 0
+    context_length: int = 32768
+    base_latency_s: float = 0.0
+    prefill_s_per_token: float = 0.0
+    decode_s_per_token: float = 0.0
+    cache_capacity_tokens: int = 1 << 20
+    cache_block_tokens: int = 16
+    reasoning: bool = False
+    # Exact number of sampled tokens (end token included) of text answers;
+    # None: 8..24, varied by seed.
+    completion_tokens: int | None = None
+    routed_experts_layers: int = 4
+    routed_experts_top_k: int = 2
+    routed_experts_num_experts: int = 64
+    fault: str | None = None
+    fault_rate: float = 1.0
+    weight_version: str = "default"
+    # Chat requests kept in `Emulator.requests` (oldest dropped first); long
+    # benchmarks keep this small since bodies carry whole prompts.
+    record_limit: int = 1000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokenizer_path", Path(self.tokenizer_path))
+        if not self.model_name:
+            raise ValueError("model_name must not be empty")
+        for name in ("base_latency_s", "prefill_s_per_token", "decode_s_per_token"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        positive = ("context_length", "cache_block_tokens", "routed_experts_layers")
+        for name in (*positive, "routed_experts_top_k", "routed_experts_num_experts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.routed_experts_num_experts > 2**31:
+            raise ValueError("routed_experts_num_experts must fit in int32")
+        if self.cache_capacity_tokens < 0 or self.record_limit < 0:
+            raise ValueError("cache_capacity_tokens and record_limit must be >= 0")
+        if self.completion_tokens is not None and self.completion_tokens < 1:
+            raise ValueError("completion_tokens must be >= 1 or None")
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; known: {', '.join(FAULTS)}")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate!r}")
+
+
+@dataclass(frozen=True)
+class ChatRecord:
+    """One chat request as received: parsed JSON body (None if unparsable)."""
+
+    body: Any
+    arrival: float  # trio.current_time()
+    fault: str | None
+    session_id: str | None
+
+
+def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BadRequest(f"{key} must be an integer >= {minimum}")
+    return value
+
+
+def _session_of(body: dict[str, Any]) -> str | None:
+    params = body.get("session_params")
+    sid = params.get("id") if isinstance(params, dict) else body.get("session_id")
+    return sid if isinstance(sid, str) and sid else None
+
+
+class Emulator:
+    """State of one emulator server; tests reach it as ``app.extensions["emulator"]``."""
+
+    def __init__(self, config: EmulatorConfig, tokenizer: Any = None) -> None:
+        self.config = config
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
+        self.model = TextModel(tokenizer)
+        self.cache = PrefixCache(config.cache_capacity_tokens, config.cache_block_tokens)
+        self.faults = FaultPicker(config.fault, config.fault_rate, config.seed)
+        self.requests: deque[ChatRecord] = deque(maxlen=config.record_limit)
+        self.received = 0
+        self.inflight = 0
+        self.completed = 0
+        self.cancelled = 0  # handler cancelled before answering: the client went away
+        self.faults_injected: Counter[str] = Counter()
+        self.open_sessions: set[str] = set()
+        self.sessions_opened: list[str] = []
+        self.sessions_closed: list[str] = []
+        self._changed = trio.Event()
+
+    # -- observability -------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once ``predicate()`` holds; re-checked after every state change."""
+        while not predicate():
+            await self._changed.wait()
+
+    async def wait_for_requests(self, n: int) -> None:
+        await self.wait_until(lambda: self.received >= n)
+
+    async def wait_for_completed(self, n: int) -> None:
+        await self.wait_until(lambda: self.completed >= n)
+
+    async def wait_for_cancelled(self, n: int) -> None:
+        await self.wait_until(lambda: self.cancelled >= n)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "received": self.received,
+            "inflight": self.inflight,
+            "completed": self.completed,
+            "cancelled": self.cancelled,
+            "faults_injected": dict(self.faults_injected),
+            "open_sessions": sorted(self.open_sessions),
+            "sessions_opened": self.sessions_opened,
+            "sessions_closed": self.sessions_closed,
+            "cache_used_tokens": self.cache.used_tokens,
+        }
+
+    # -- sessions ------------------------------------------------------------
+
+    def open_session(self, session_id: str) -> None:
+        self.open_sessions.add(session_id)
+        self.sessions_opened.append(session_id)
+        self._notify()
+
+    def close_session(self, session_id: str) -> None:
+        self.open_sessions.discard(session_id)
+        self.sessions_closed.append(session_id)
+        self.cache.release_session(session_id)
+        self._notify()
+
+    # -- chat completions ----------------------------------------------------
+
+    async def handle_chat(self, raw: bytes, fault_header: str | None) -> Reply:
+        """One ``/v1/chat/completions`` call, counted as completed or cancelled."""
+        self.inflight += 1
+        self._notify()
+        try:
+            reply = await self._chat(raw, fault_header)
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
+        else:
+            self.completed += 1
+            return reply
+        finally:
+            self.inflight -= 1
+            self._notify()
+
+    async def _chat(self, raw: bytes, fault_header: str | None) -> Reply:
+        arrival = trio.current_time()
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        session_id = _session_of(body) if isinstance(body, dict) else None
+        try:
+            fault = self.faults.pick(fault_header)
+        except ValueError as exc:
+            fault = None
+            early: Reply | None = BadRequest(str(exc)).reply()
+        else:
+            early = None
+        self.requests.append(ChatRecord(body, arrival, fault, session_id))
+        self.received += 1
+        self._notify()
+        if early is not None:
+            return early
+        if fault is not None:
+            self.faults_injected[fault] += 1
+        if fault is not None and fault in EARLY_FAULTS:
+            return await early_fault_reply(fault)
+        try:
+            response = await self._complete(body, arrival, session_id)
+        except BadRequest as exc:
+            return exc.reply()
+        if fault is None:
+            return Reply(200, orjson.dumps(response))
+        return fault_reply(fault, response, self.model.vocab_size)
+
+    async def _complete(self, body: Any, arrival: float, session_id: str | None) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        if body.get("stream"):
+            raise BadRequest("the emulator does not stream; send stream: false")
+        if body.get("n") not in (None, 1):
+            raise BadRequest("n must be 1")
+        tools = body.get("tools") or None
+        if tools is not None and not (
+            isinstance(tools, list)
+            and all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools)
+            and all(isinstance(t["function"].get("name"), str) for t in tools)
+        ):
+            raise BadRequest("tools must be a list of {type: function, function: {name, ...}}")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise BadRequest("chat_template_kwargs must be an object")
+        messages = body.get("messages")
+        if messages is not None and not (
+            isinstance(messages, list)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+        ):
+            raise BadRequest("messages must be a list of objects with a string role")
+        prompt = self._prompt_ids(body.get("input_ids"), messages, tools, kwargs)
+        max_tokens = _opt_int(body, "max_completion_tokens", 1) or _opt_int(body, "max_tokens", 1)
+        cfg = self.config
+        budget = max(1, cfg.context_length - len(prompt)) if max_tokens is None else max_tokens
+        if len(prompt) + budget > cfg.context_length:
+            raise BadRequest(context_length_message(cfg.context_length, len(prompt), budget))
+        reasoning = cfg.reasoning and kwargs.get("enable_thinking", True) is not False
+        seed = derive_seed(cfg.seed, _opt_int(body, "seed", -(2**63)), prompt)
+        try:
+            tool = choose_tool(tools, body.get("tool_choice"), messages)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        sample = self.model.sample(SampleSpec(seed, budget, cfg.completion_tokens, tool, reasoning))
+        start_len = _opt_int(body, "routed_experts_start_len", 0) or 0
+        forwarded = len(prompt) + len(sample.ids) - 1  # the last sampled token is never forwarded
+        if body.get("return_routed_experts") and start_len > forwarded:
+            raise BadRequest(f"routed_experts_start_len {start_len} > {forwarded} positions")
+
+        cached = self.cache.match(prompt)
+        await trio.sleep(
+            cfg.base_latency_s
+            + cfg.prefill_s_per_token * (len(prompt) - cached)
+            + cfg.decode_s_per_token * len(sample.ids)
+        )
+        self.cache.insert(prompt + sample.ids, session_id)
+
+        routed = None
+        if body.get("return_routed_experts"):
+            routed = routed_experts_blob(
+                (prompt + sample.ids)[:forwarded],
+                start_len,
+                layers=cfg.routed_experts_layers,
+                top_k=cfg.routed_experts_top_k,
+                num_experts=cfg.routed_experts_num_experts,
+            )
+        rid = body.get("rid")
+        return chat_response(
+            sample,
+            self.model.parse(sample, reasoning=reasoning, tools=tools is not None, seed=seed),
+            rid=rid if isinstance(rid, str) else uuid.uuid4().hex,
+            model=cfg.model_name,
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            weight_version=cfg.weight_version,
+            e2e_latency=trio.current_time() - arrival,
+            routed_experts=routed,
+        )
+
+    def _prompt_ids(
+        self, ids: Any, messages: list[Any] | None, tools: Any, kwargs: dict[str, Any]
+    ) -> list[int]:
+        if ids is not None:
+            vocab = self.model.vocab_size
+            if not (
+                isinstance(ids, list)
+                and ids
+                and all(type(t) is int and 0 <= t < vocab for t in ids)
+            ):
+                raise BadRequest(f"input_ids must be a non-empty list of ids in [0, {vocab})")
+            return ids
+        if not messages:
+            raise BadRequest("either input_ids or a non-empty messages list is required")
+        if self.config.chat_template is not None:
+            kwargs = {**kwargs, "chat_template": self.config.chat_template}
+        try:
+            return self.model.render(messages, tools, kwargs)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+
+
+def _json(payload: Any) -> Response:
+    return Response(orjson.dumps(payload), content_type="application/json")
+
+
+def create_emulator_app(config: EmulatorConfig, *, tokenizer: Any = None) -> QuartTrio:
+    """The emulator's Quart-Trio app; its `Emulator` is ``app.extensions["emulator"]``.
+
+    ``tokenizer`` (an already loaded HF tokenizer for ``config.tokenizer_path``)
+    saves the load when a test starts many emulators.
+    """
+    app = QuartTrio(__name__)
+    # Quart's defaults cut long requests and responses; the emulator stalls on purpose.
+    app.config.update(MAX_CONTENT_LENGTH=None, BODY_TIMEOUT=None, RESPONSE_TIMEOUT=None)
+    emulator = Emulator(config, tokenizer)
+    app.extensions["emulator"] = emulator
+
+    async def health() -> Response:
+        return _json({})
+
+    async def model_info() -> Response:
+        return _json(
+            {
+                "model_path": config.model_name,
+                "tokenizer_path": str(config.tokenizer_path),
+                "is_generation": True,
+                "weight_version": config.weight_version,
+            }
+        )
+
+    async def models() -> Response:
+        model = {
+            "id": config.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": config.model_name,
+            "max_model_len": config.context_length,
+        }
+        return _json({"object": "list", "data": [model]})
+
+    async def chat() -> Response:
+        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        reply = await emulator.handle_chat(raw, request.headers.get(FAULT_HEADER))
+        return Response(
+            reply.body, status=reply.status, content_type="application/json", headers=reply.headers
+        )
+
+    async def open_session() -> Response:
+        body = await request.get_json(force=True, silent=True)
+        sid = body.get("session_id") if isinstance(body, dict) else None
+        sid = sid if isinstance(sid, str) and sid else uuid.uuid4().hex
+        emulator.open_session(sid)
+        return _json(sid)  # SGLang answers with the session id as a JSON string
+
+    async def close_session() -> Response:
+        body = await request.get_json(force=True, silent=True)
+        sid = body.get("session_id") if isinstance(body, dict) else None
+        if not isinstance(sid, str) or not sid:
+            return Response(
+                error_body("session_id is required"), 400, content_type="application/json"
+            )
+        emulator.close_session(sid)
+        return Response(b"", 200)
+
+    async def stats() -> Response:
+        return _json(emulator.stats())
+
+    for path, view, method in (
+        ("/health", health, "GET"),
+        ("/get_model_info", model_info, "GET"),
+        ("/v1/models", models, "GET"),
+        ("/v1/chat/completions", chat, "POST"),
+        ("/open_session", open_session, "POST"),
+        ("/close_session", close_session, "POST"),
+        ("/emulator/stats", stats, "GET"),
+    ):
+        app.add_url_rule(path, view_func=view, methods=[method])
+    # Quart's documented middleware hook: wrap asgi_app, keep the app object.
+    app.asgi_app = DropConnectionMiddleware(app.asgi_app)  # type: ignore[method-assign]
+    return app
+
+
+async def start_emulator(
+    nursery: trio.Nursery,
+    config: EmulatorConfig | None = None,
+    *,
+    tokenizer: Any = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> tuple[RunningServer, Emulator]:
+    """Serve an emulator in ``nursery`` (port 0: a free port); returns it once listening."""
+    app = create_emulator_app(config or EmulatorConfig(), tokenizer=tokenizer)
+    server = await start_server(nursery, app, host=host, port=port)
+    emulator: Emulator = app.extensions["emulator"]
+    return server, emulator

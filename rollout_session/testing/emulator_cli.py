@@ -1,0 +1,114 @@
+"""Command line of the SGLang emulator (wired as ``rollout-session emulator``).
+
+Owns the flags (one per `EmulatorConfig` field, defaults taken from it), their
+translation into a config, and running one emulator on hypercorn until
+interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from rollout_session.testing.emulator import EmulatorConfig, start_emulator
+from rollout_session.testing.faults import FAULTS
+from rollout_session.testing.tokenizer import BUILTIN_TEMPLATES, builtin_template
+
+__all__ = ["add_arguments", "config_from_args", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the emulator's flags to ``parser``."""
+    d: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(EmulatorConfig) if f.init}
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    add("--port", type=int, default=30000, help="port to bind, 0 = any free (default: %(default)s)")
+    add("--tokenizer", type=Path, help="HF tokenizer directory (default: the bundled test one)")
+    add("--model-name", default=d["model_name"], help="served model name (default: %(default)s)")
+    add(
+        "--chat-template",
+        help=f"chat template: a built-in name ({', '.join(BUILTIN_TEMPLATES)}) or a .jinja file "
+        "(default: the tokenizer's own)",
+    )
+    add("--seed", type=int, default=d["seed"], help="generation and fault seed")
+    add("--context-length", type=int, default=d["context_length"], help="max prompt + completion")
+    add("--base-latency-s", type=float, default=d["base_latency_s"], help="fixed latency per call")
+    add("--prefill-s-per-token", type=float, default=d["prefill_s_per_token"],
+        help="latency per uncached prompt token")  # fmt: skip
+    add("--decode-s-per-token", type=float, default=d["decode_s_per_token"],
+        help="latency per sampled token")  # fmt: skip
+    add("--cache-capacity-tokens", type=int, default=d["cache_capacity_tokens"],
+        help="prefix-cache capacity in tokens, 0 disables it (default: %(default)s)")  # fmt: skip
+    add("--cache-block-tokens", type=int, default=d["cache_block_tokens"],
+        help="prefix-cache granularity in tokens (default: %(default)s)")  # fmt: skip
+    add("--reasoning", action="store_true", help="answer with <think> blocks (Qwen3-style)")
+    add("--completion-tokens", type=int, default=d["completion_tokens"],
+        help="exact sampled tokens per text answer (default: 8..24 by seed)")  # fmt: skip
+    add("--routed-experts-layers", type=int, default=d["routed_experts_layers"],
+        help="layers in routed_experts (bytes = positions x layers x top-k x 4)")  # fmt: skip
+    add("--routed-experts-top-k", type=int, default=d["routed_experts_top_k"],
+        help="experts per token and layer in routed_experts")  # fmt: skip
+    add("--routed-experts-num-experts", type=int, default=d["routed_experts_num_experts"],
+        help="expert ids are in [0, N)")  # fmt: skip
+    add("--fault", choices=FAULTS, help="inject this fault into chat completions")
+    add("--fault-rate", type=float, default=d["fault_rate"],
+        help="fraction of chat completions that get --fault (default: %(default)s)")  # fmt: skip
+    add("--weight-version", default=d["weight_version"], help="reported weight_version")
+    add("--record-limit", type=int, default=d["record_limit"],
+        help="chat requests kept for inspection (default: %(default)s)")  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    """The config the flags describe; raises ValueError for invalid values."""
+    template: str | None = args.chat_template
+    if template is not None:
+        template = (
+            builtin_template(template)
+            if template in BUILTIN_TEMPLATES
+            else Path(template).read_text("utf-8")
+        )
+    extra = {} if args.tokenizer is None else {"tokenizer_path": args.tokenizer}
+    return EmulatorConfig(
+        **extra,
+        model_name=args.model_name,
+        chat_template=template,
+        seed=args.seed,
+        context_length=args.context_length,
+        base_latency_s=args.base_latency_s,
+        prefill_s_per_token=args.prefill_s_per_token,
+        decode_s_per_token=args.decode_s_per_token,
+        cache_capacity_tokens=args.cache_capacity_tokens,
+        cache_block_tokens=args.cache_block_tokens,
+        reasoning=args.reasoning,
+        completion_tokens=args.completion_tokens,
+        routed_experts_layers=args.routed_experts_layers,
+        routed_experts_top_k=args.routed_experts_top_k,
+        routed_experts_num_experts=args.routed_experts_num_experts,
+        fault=args.fault,
+        fault_rate=args.fault_rate,
+        weight_version=args.weight_version,
+        record_limit=args.record_limit,
+    )
+
+
+async def _serve(config: EmulatorConfig, host: str, port: int) -> None:
+    async with trio.open_nursery() as nursery:
+        server, _ = await start_emulator(nursery, config, host=host, port=port)
+        print(f"SGLang emulator listening on {server.url}", flush=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Serve one emulator until interrupted (Ctrl-C)."""
+    try:
+        config = config_from_args(args)
+    except (ValueError, OSError) as exc:
+        sys.exit(f"error: {exc}")
+    # Ctrl-C is the way to stop it: no traceback for that.
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(_serve, config, args.host, args.port)

@@ -1,0 +1,250 @@
+"""Every answer of the emulator's chat route that is not a clean completion.
+
+Owns SGLang's flat error bodies (bad requests, too-long prompts), the fault
+names, which request gets a fault (the ``X-Emulator-Fault`` header, or the
+configured fault at a seeded rate), the broken answer each fault produces,
+and the ASGI middleware that cuts a response mid-body and drops the
+connection.
+
+Broken bodies are built by serialising the real response with orjson and then
+editing bytes, because orjson (correctly) refuses to emit ``NaN``/``Infinity``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+import trio
+from hypercorn.typing import (
+    ASGIFramework,
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    ASGISendEvent,
+    Scope,
+)
+
+__all__ = [
+    "DROP_AFTER_HEADER",
+    "EARLY_FAULTS",
+    "FAULTS",
+    "FAULT_HEADER",
+    "BadRequest",
+    "DropConnectionMiddleware",
+    "FaultPicker",
+    "Reply",
+    "context_length_message",
+    "early_fault_reply",
+    "error_body",
+    "fault_reply",
+    "faulty_body",
+]
+
+FAULT_HEADER: Final = "X-Emulator-Fault"
+# Internal marker from the chat handler to the middleware; never sent to clients.
+DROP_AFTER_HEADER: Final = "x-emulator-drop-after"
+
+FAULTS: Final = (
+    "http_500",  # 500 with a flat error body
+    "http_400",  # 400 with a flat SGLang error body
+    "malformed_json",  # 200, body cut in half
+    "nan_logprob",  # literal NaN as a logprob
+    "infinity_logprob",  # literal Infinity as a logprob
+    "positive_logprob",  # logprob 0.5
+    "bool_token_id",  # true as a token id
+    "str_token_id",  # "123" as a token id
+    "float_token_id",  # 5.0 as a token id
+    "out_of_vocab_id",  # token id == vocabulary size
+    "length_mismatch",  # completion_tokens one more than the entries
+    "missing_meta_info",  # choices[0] without meta_info
+    "prompt_tokens_mismatch",  # prompt_tokens one more than sent
+    "stall",  # never answers
+    "drop_connection",  # 200 with Content-Length, half the body, then the connection drops
+)
+# Faults that answer without generating anything.
+EARLY_FAULTS: Final = frozenset({"http_500", "http_400", "stall"})
+
+_PLACEHOLDER: Final = "__emulator_fault_placeholder__"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An answer of the chat route: status, JSON body bytes, extra headers."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class BadRequest(Exception):
+    """A request SGLang refuses with a flat 400 error; the message is the error's."""
+
+    def reply(self) -> Reply:
+        return Reply(400, error_body(str(self)))
+
+
+def error_body(message: str, *, code: int = 400, type_: str = "BadRequestError") -> bytes:
+    """SGLang's flat error object (not OpenAI's nested ``{"error": {...}}``)."""
+    return orjson.dumps(
+        {"object": "error", "message": message, "type": type_, "param": None, "code": code}
+    )
+
+
+def context_length_message(context_length: int, prompt_tokens: int, budget: int) -> str:
+    """SGLang's 400 message for prompt + max tokens over the context length."""
+    return (
+        "Requested token count exceeds the model's maximum context length of "
+        f"{context_length} tokens. You requested a total of {prompt_tokens + budget} tokens: "
+        f"{prompt_tokens} tokens from the input messages and {budget} tokens for the "
+        "completion. Please reduce the number of tokens in the input messages or the "
+        "completion to fit within the limit."
+    )
+
+
+class FaultPicker:
+    """Chooses the fault of each request: the header wins, else the configured fault."""
+
+    def __init__(self, fault: str | None, rate: float, seed: int) -> None:
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+        self.fault = fault
+        self.rate = rate
+        # Own RNG: the fault sequence depends only on the seed and request order.
+        self._rng = random.Random(seed)
+
+    def pick(self, requested: str | None) -> str | None:
+        """Raises ValueError for an unknown fault name in the header."""
+        if requested:
+            if requested not in FAULTS:
+                raise ValueError(f"unknown fault {requested!r}; known: {', '.join(FAULTS)}")
+            return requested
+        if self.fault is None or self._rng.random() >= self.rate:
+            return None
+        return self.fault
+
+
+def _first_entry(response: dict[str, Any]) -> list[Any]:
+    entry: list[Any] = response["choices"][0]["meta_info"]["output_token_logprobs"][0]
+    return entry
+
+
+def _set_logprob(value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(response: dict[str, Any]) -> None:
+        _first_entry(response)[0] = value
+
+    return edit
+
+
+def _set_token(value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(response: dict[str, Any]) -> None:
+        _first_entry(response)[1] = value
+
+    return edit
+
+
+def _bump(key: str) -> Callable[[dict[str, Any]], None]:
+    def edit(response: dict[str, Any]) -> None:
+        response["choices"][0]["meta_info"][key] += 1
+        response["usage"][key] += 1
+        response["usage"]["total_tokens"] += 1
+
+    return edit
+
+
+def _drop_meta_info(response: dict[str, Any]) -> None:
+    del response["choices"][0]["meta_info"]
+
+
+# (edit of the response dict, bytes that replace the placeholder string)
+_EDITS: Final[dict[str, tuple[Callable[[dict[str, Any]], None], bytes | None]]] = {
+    "nan_logprob": (_set_logprob(_PLACEHOLDER), b"NaN"),
+    "infinity_logprob": (_set_logprob(_PLACEHOLDER), b"Infinity"),
+    "positive_logprob": (_set_logprob(0.5), None),
+    "bool_token_id": (_set_token(True), None),
+    "str_token_id": (_set_token("123"), None),
+    "float_token_id": (_set_token(5.0), None),
+    "length_mismatch": (_bump("completion_tokens"), None),
+    "prompt_tokens_mismatch": (_bump("prompt_tokens"), None),
+    "missing_meta_info": (_drop_meta_info, None),
+}
+
+
+def faulty_body(fault: str, response: dict[str, Any], vocab_size: int) -> bytes:
+    """Serialise a successful response with a body-level fault applied (mutates it)."""
+    if fault == "out_of_vocab_id":
+        _set_token(vocab_size)(response)
+    elif fault in _EDITS:
+        edit, literal = _EDITS[fault]
+        edit(response)
+        if literal is not None:
+            return orjson.dumps(response).replace(f'"{_PLACEHOLDER}"'.encode(), literal)
+    body = orjson.dumps(response)
+    if fault == "malformed_json":
+        return body[: len(body) // 2]
+    return body
+
+
+async def early_fault_reply(fault: str) -> Reply:
+    """The answer of a fault in `EARLY_FAULTS` (``stall`` never returns)."""
+    if fault == "stall":
+        await trio.sleep_forever()
+    if fault == "http_500":
+        message = "Internal server error (injected by the emulator)"
+        return Reply(500, error_body(message, code=500, type_="InternalServerError"))
+    return BadRequest("Bad request (injected by the emulator)").reply()
+
+
+def fault_reply(fault: str, response: dict[str, Any], vocab_size: int) -> Reply:
+    """The answer of a body-level fault, built from the real response (mutates it)."""
+    body = faulty_body(fault, response, vocab_size)
+    if fault == "drop_connection":
+        return Reply(200, body, {DROP_AFTER_HEADER: str(len(body) // 2)})
+    return Reply(200, body)
+
+
+class _ConnectionDropped(Exception):
+    pass
+
+
+class DropConnectionMiddleware:
+    """ASGI wrapper: a response carrying ``DROP_AFTER_HEADER: n`` sends its status,
+    headers (Content-Length of the full body) and the first ``n`` body bytes,
+    then aborts. The server then closes the connection with the body
+    incomplete, which an HTTP client sees as a protocol/read error.
+    """
+
+    def __init__(self, app: ASGIFramework) -> None:
+        self._app = app
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        drop_after: int | None = None
+
+        async def guarded_send(message: ASGISendEvent) -> None:
+            nonlocal drop_after
+            if message["type"] == "http.response.start":
+                headers = []
+                for name, value in message["headers"]:
+                    if name.lower() == DROP_AFTER_HEADER.encode():
+                        drop_after = int(value)
+                    else:
+                        headers.append((name, value))
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and drop_after is not None:
+                body = bytes(message.get("body", b""))[:drop_after]
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                raise _ConnectionDropped
+            await send(message)
+
+        try:
+            await self._app(scope, receive, guarded_send)
+        except* _ConnectionDropped:
+            # Returning with the body incomplete makes hypercorn close the connection.
+            pass

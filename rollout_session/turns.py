@@ -1,0 +1,219 @@
+"""One agent turn, end to end (DESIGN §4.1).
+
+claim → parse → plan the prompt → forward to the worker → validate →
+commit → answer, with the slot released on every path. Planning reads the
+session, committing mutates it; both are synchronous, and the session's slot
+guarantees no other turn runs in between. A rollback decided while planning
+is only applied by the commit, so a failed turn never loses history.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from .context import ServerContext
+from .errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    InvariantViolated,
+    SessionClosing,
+    TrajectoryDiverged,
+)
+from .messages import Message, assistant_message, common_prefix
+from .protocol import ChatRequest, parse_chat_request
+from .sessions import Session, SessionState, TurnSlot
+from .tokenization import missing_turn_end
+from .trajectory import IdArray, Turn
+from .upstream import UpstreamReply
+from .validation import WorkerAnswer, parse_worker_answer
+
+__all__ = ["TurnPlan", "commit_turn", "plan_turn", "run_turn"]
+
+logger = logging.getLogger("rollout_session")
+
+# Fields the server owns in the upstream request (DESIGN §4.1 step 4).
+_FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
+_DROPPED = ("stream_options", "input_ids")
+
+
+@dataclass(slots=True)
+class TurnPlan:
+    """What a turn will commit if the worker answers well."""
+
+    keep_turns: int  # turns kept; fewer than the session has = rollback
+    messages: list[Message]  # the request's messages (history for the next turn)
+    tools: list[Any] | None
+    prompt_ids: list[int]  # appended with mask 0 before the sampled ids
+    input_ids: IdArray  # everything the worker is sent
+
+
+def _diverged_roles(new: list[Message], allowed: frozenset[str], offset: int) -> int | None:
+    for i, message in enumerate(new):
+        if message["role"] not in allowed:
+            return offset + i
+    return None
+
+
+def plan_turn(session: Session, request: ChatRequest, ctx: ServerContext) -> TurnPlan:
+    """Decide extension or rollback and build the prompt ids (no mutation)."""
+    tokenizer = ctx.ready_tokenizer
+    settings = ctx.settings
+    trajectory = session.trajectory
+    problem = trajectory.check()
+    if problem is not None:
+        raise InvariantViolated(f"session {session.id}: trajectory corrupt: {problem}")
+    kwargs = {**settings.chat_template_kwargs, **request.chat_template_kwargs}
+    turns = trajectory.turns
+    incoming = request.messages
+    # The tools are part of the first rendered prompt: changing them is a
+    # divergence at the very start of the history.
+    shared = common_prefix(session.messages, incoming) if request.tools == session.tools else 0
+    if turns and shared == len(session.messages):
+        keep = len(turns)
+        if len(incoming) == shared:
+            raise InvalidRequest(
+                "messages add nothing after the assistant's last answer", param="messages"
+            )
+        bad = _diverged_roles(incoming[shared:], settings.append_roles, shared)
+        if bad is not None:
+            raise InvalidRequest(
+                f"messages[{bad}] has role {incoming[bad]['role']!r}; after the assistant's "
+                f"answer only {sorted(settings.append_roles)} may be appended",
+                param=f"messages[{bad}].role",
+            )
+    else:
+        keep = sum(1 for t in turns if t.messages_end <= shared)
+        dropped = len(turns) - keep
+        first_retry = keep == 0 and len(turns) == 1
+        if dropped > settings.max_rollback_turns and not first_retry:
+            raise TrajectoryDiverged(
+                f"messages diverge from the session's history at message {shared}; "
+                f"that would roll back {dropped} turns (max {settings.max_rollback_turns})",
+                param="messages",
+            )
+        if keep:
+            start = turns[keep - 1].messages_end
+            bad = _diverged_roles(incoming[start:], settings.append_roles, start)
+            if len(incoming) == start or bad is not None:
+                raise TrajectoryDiverged(
+                    f"messages diverge from the session's history at message {shared} and "
+                    "do not continue its last kept answer with "
+                    f"{sorted(settings.append_roles)} messages",
+                    param="messages",
+                )
+    if keep == 0:
+        prompt = tokenizer.first_turn(incoming, tools=request.tools, kwargs=kwargs)
+        return TurnPlan(0, incoming, request.tools, prompt, np.asarray(prompt, np.int32))
+    new = incoming[turns[keep - 1].messages_end :]
+    turn_end, delta = tokenizer.appended(new, tools=request.tools, kwargs=kwargs)
+    prompt = missing_turn_end(trajectory.sampled_ids(keep - 1), turn_end) + delta
+    kept = trajectory.tokens.ids[: trajectory.length_after(keep)]
+    input_ids = np.concatenate([kept, np.asarray(prompt, np.int32)])
+    return TurnPlan(keep, incoming, request.tools, prompt, input_ids)
+
+
+def upstream_body(request: ChatRequest, plan: TurnPlan, model: str | None) -> bytes:
+    body = {k: v for k, v in request.raw.items() if k not in _DROPPED}
+    body.update(_FORCED)
+    body["input_ids"] = plan.input_ids
+    body["rid"] = uuid.uuid4().hex
+    if model and not isinstance(body.get("model"), str):
+        body["model"] = model
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def commit_turn(
+    session: Session,
+    slot: TurnSlot,
+    plan: TurnPlan,
+    answer: WorkerAnswer,
+    reply: UpstreamReply,
+    now: float,
+) -> Turn:
+    """Apply the plan: rollback (if any), prompt delta, sampled ids, history."""
+    if session.state is not SessionState.OPEN or session.slot is not slot:
+        raise SessionClosing(f"session {session.id} was closed during the turn")
+    trajectory = session.trajectory
+    start = trajectory.length_after(plan.keep_turns)
+    if start + len(plan.prompt_ids) != len(plan.input_ids):
+        raise InvariantViolated(f"session {session.id}: planned prompt does not match its ids")
+    completion_start = start + len(plan.prompt_ids)
+    turn = Turn(
+        index=plan.keep_turns,
+        prompt_start=start,
+        completion_start=completion_start,
+        completion_end=completion_start + len(answer.ids),
+        messages_end=len(plan.messages) + 1,
+        finish_reason=answer.finish_reason,
+        worker=reply.worker,
+        weight_version=answer.weight_version,
+        cached_tokens=answer.cached_tokens,
+        upstream_latency_s=reply.latency_s,
+        created_at=now,
+    )
+    trajectory.commit(
+        keep_turns=plan.keep_turns,
+        prompt_ids=plan.prompt_ids,
+        sampled_ids=answer.ids,
+        sampled_logprobs=answer.logprobs,
+        turn=turn,
+    )
+    session.messages = [
+        *plan.messages,
+        assistant_message(answer.content, answer.tool_calls, answer.reasoning_content),
+    ]
+    session.tools = plan.tools
+    session.model = answer.model or session.model
+    return turn
+
+
+async def run_turn(ctx: ServerContext, session_id: str, body: bytes) -> UpstreamReply:
+    """Run one turn; return the worker's reply to pass through to the agent."""
+    registry = ctx.registry
+    session = registry.get(session_id)
+    slot = session.claim(registry.clock())
+    try:
+        with slot.cancel_scope:
+            return await _turn(ctx, session, slot, body)
+        # Only a DELETE cancels the slot's scope; the close wins.
+        raise SessionClosing(f"session {session.id} was closed during the turn")
+    finally:
+        session.release(slot, registry.clock())
+
+
+async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: bytes) -> UpstreamReply:
+    request = await ctx.offload(len(body), parse_chat_request, body)
+    plan = await ctx.offload(len(body), plan_turn, session, request, ctx)
+    limit = ctx.context_length
+    if limit is not None and len(plan.input_ids) + (request.max_tokens or 0) > limit:
+        raise ContextLengthExceeded(
+            f"prompt of {len(plan.input_ids)} tokens + max_tokens {request.max_tokens or 0} "
+            f"exceeds the model's context of {limit} tokens",
+            param="messages",
+        )
+    model = ctx.model_info.model if ctx.model_info else None
+    payload = upstream_body(request, plan, model)
+    # Pinning is placement, not trajectory: it holds even if this turn fails.
+    worker = ctx.pool.pick(session.worker)
+    session.worker = worker.url
+    reply = await ctx.pool.send(worker, session.id, payload)
+    if reply.status != 200:
+        # The worker's own error (e.g. SGLang's 400 for a long prompt) is the
+        # agent's answer; nothing is committed.
+        return reply
+    answer = await ctx.offload(
+        len(reply.body),
+        parse_worker_answer,
+        reply.body,
+        sent_prompt_tokens=len(plan.input_ids),
+        vocab_size=ctx.ready_tokenizer.vocab_size,
+    )
+    # No await from here on: the state check and the commit are one step.
+    commit_turn(session, slot, plan, answer, reply, ctx.registry.clock())
+    return reply

@@ -1,0 +1,174 @@
+"""Strict validation of a worker's 200 answer (DESIGN §4.3).
+
+A typed msgspec decoder reads only the fields we need and rejects, by itself,
+``NaN``/``Infinity`` constants, bool-as-int, bool-as-float, float or string
+token ids, out-of-range floats, positive logprobs (beyond a tiny epsilon) and
+ids outside ``0 ≤ id < vocab_size``. What msgspec cannot express (length
+agreement, prompt token count) is checked here after decoding. Anything that
+fails is `UpstreamMalformed`: nothing of that turn is committed.
+
+The decoder is CPU-bound; the caller runs it on the CPU limiter when the body
+is large. It never mutates session state.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+import numpy as np
+
+from .errors import UpstreamMalformed
+from .trajectory import IdArray, LogprobArray
+
+__all__ = ["WorkerAnswer", "answer_decoder", "parse_worker_answer"]
+
+# Logprobs are ≤ 0; allow float noise from the sampler's log-softmax.
+LOGPROB_EPSILON = 1e-4
+
+
+class _Function(msgspec.Struct):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function
+    id: str | None = None
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    reasoning_content: str | None = None
+
+
+class _FinishReason(msgspec.Struct):
+    type: str
+
+
+def _structs(vocab_size: int) -> type[msgspec.Struct]:
+    """Build the answer type for one vocabulary (the id bound is part of it)."""
+    Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_EPSILON)]
+    TokenId = Annotated[int, msgspec.Meta(ge=0, lt=vocab_size)]
+
+    # array_like: an entry is [logprob, id, text?]; trailing extras are ignored.
+    Entry = msgspec.defstruct(
+        "Entry",
+        [("logprob", Logprob), ("token_id", TokenId), ("text", str | None, None)],
+        array_like=True,
+    )
+    MetaInfo = msgspec.defstruct(
+        "MetaInfo",
+        [
+            ("output_token_logprobs", list[Entry]),  # type: ignore[valid-type]
+            ("completion_tokens", int),
+            ("prompt_tokens", int | None, None),
+            ("cached_tokens", int | None, None),
+            ("finish_reason", _FinishReason | None, None),
+            ("weight_version", str | None, None),
+        ],
+    )
+    Choice = msgspec.defstruct(
+        "Choice",
+        [
+            ("message", _Message),
+            ("finish_reason", str | None, None),
+            ("meta_info", MetaInfo | None, None),
+        ],
+    )
+    return msgspec.defstruct(
+        "Answer",
+        [
+            ("choices", Annotated[list[Choice], msgspec.Meta(min_length=1)]),  # type: ignore[valid-type]
+            ("meta_info", MetaInfo | None, None),
+            ("model", str | None, None),
+        ],
+    )
+
+
+@functools.cache
+def answer_decoder(vocab_size: int) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(_structs(vocab_size))
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerAnswer:
+    """What a validated answer contributes to the trajectory and history."""
+
+    ids: IdArray
+    logprobs: LogprobArray
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    reasoning_content: str | None
+    finish_reason: str | None
+    cached_tokens: int | None
+    weight_version: str | None
+    model: str | None
+
+
+_PATH = re.compile(r"at `\$([^`]*)`")
+
+
+def _kind(message: str) -> str:
+    """Coarse failure class for logs and metrics, from msgspec's error path."""
+    match = _PATH.search(message)
+    path = match.group(1) if match else ""
+    if path.endswith("][0]") and "output_token_logprobs" in path:
+        return "logprob"
+    if path.endswith("][1]") and "output_token_logprobs" in path:
+        return "token_id"
+    return path.rsplit(".", 1)[-1].split("[", 1)[0] or "schema"
+
+
+def parse_worker_answer(body: bytes, *, sent_prompt_tokens: int, vocab_size: int) -> WorkerAnswer:
+    """Decode and check a worker's 200 body; raise `UpstreamMalformed` if bad."""
+    try:
+        answer = answer_decoder(vocab_size).decode(body)
+    except msgspec.ValidationError as exc:
+        raise UpstreamMalformed(
+            f"worker answer failed validation: {exc}", kind=_kind(str(exc))
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise UpstreamMalformed(f"worker answer is not valid JSON: {exc}", kind="json") from None
+    choice = answer.choices[0]
+    meta = choice.meta_info or answer.meta_info
+    if meta is None:
+        raise UpstreamMalformed("worker answer has no meta_info", kind="meta_info_missing")
+    entries = meta.output_token_logprobs
+    if len(entries) != meta.completion_tokens:
+        raise UpstreamMalformed(
+            f"worker sent {len(entries)} output_token_logprobs for "
+            f"completion_tokens={meta.completion_tokens}",
+            kind="length_mismatch",
+        )
+    if meta.prompt_tokens is not None and meta.prompt_tokens != sent_prompt_tokens:
+        raise UpstreamMalformed(
+            f"worker reports prompt_tokens={meta.prompt_tokens} but was sent "
+            f"{sent_prompt_tokens} input_ids",
+            kind="prompt_tokens_mismatch",
+        )
+    ids = np.fromiter((e.token_id for e in entries), np.int32, len(entries))
+    logprobs = np.fromiter((e.logprob for e in entries), np.float32, len(entries))
+    # Sampled logprobs are ≤ 0; epsilon-positive noise is clamped so the
+    # stored value is a valid log-probability.
+    np.minimum(logprobs, 0.0, out=logprobs)
+    message = choice.message
+    finish = choice.finish_reason or (meta.finish_reason.type if meta.finish_reason else None)
+    return WorkerAnswer(
+        ids=ids,
+        logprobs=logprobs,
+        content=message.content,
+        tool_calls=[
+            {"id": c.id, "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in message.tool_calls or []
+        ],
+        reasoning_content=message.reasoning_content,
+        finish_reason=finish,
+        cached_tokens=meta.cached_tokens,
+        weight_version=meta.weight_version,
+        model=answer.model,
+    )

@@ -1,0 +1,118 @@
+"""Shared fixtures: a real emulator and a real session server on loopback.
+
+Both load the bundled test tokenizer once per test run (it is read-only), and
+every test gets its own emulator + server pair on free ports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from transformers import AutoTokenizer
+
+from rollout_session import Settings, create_app
+from rollout_session.app import server_context
+from rollout_session.context import ServerContext
+from rollout_session.serving import RunningServer, start_server
+from rollout_session.testing import builtin_template, test_tokenizer_path
+from rollout_session.testing.emulator import Emulator, EmulatorConfig, start_emulator
+from rollout_session.tokenization import ChatTokenizer
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(str(test_tokenizer_path()))
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizers(hf_tokenizer: Any) -> dict[str, ChatTokenizer]:
+    return {name: ChatTokenizer(hf_tokenizer, builtin_template(name)) for name in ("chatml", "qwen3")}
+
+
+@dataclass
+class Stack:
+    """One emulator worker behind one session server."""
+
+    url: str
+    ctx: ServerContext
+    emulator: Emulator
+    emulator_server: RunningServer
+    client: httpx.AsyncClient
+
+    @property
+    def emulator_url(self) -> str:
+        return self.emulator_server.url
+
+    async def create(self, **body: Any) -> str:
+        response = await self.client.post("/sessions", json=body)
+        assert response.status_code == 201, response.text
+        session_id: str = response.json()["session_id"]
+        return session_id
+
+    async def chat(self, session_id: str, **body: Any) -> httpx.Response:
+        return await self.client.post(f"/sessions/{session_id}/v1/chat/completions", json=body)
+
+    async def trajectory(self, session_id: str) -> dict[str, Any]:
+        response = await self.client.get(f"/sessions/{session_id}/trajectory")
+        assert response.status_code == 200, response.text
+        doc: dict[str, Any] = response.json()
+        return doc
+
+
+StackFactory = Callable[..., Awaitable[Stack]]
+
+
+@pytest.fixture
+async def make_stack(
+    nursery: trio.Nursery, hf_tokenizer: Any, chat_tokenizers: dict[str, ChatTokenizer]
+) -> AsyncIterator[StackFactory]:
+    clients: list[httpx.AsyncClient] = []
+    servers: list[RunningServer] = []
+
+    async def factory(
+        *, template: str = "chatml", emulator: EmulatorConfig | None = None, **settings: Any
+    ) -> Stack:
+        running, emu = await start_emulator(
+            nursery, emulator or EmulatorConfig(), tokenizer=hf_tokenizer
+        )
+        app = create_app(
+            Settings(workers=(running.url,), port=0, **settings),
+            tokenizer=chat_tokenizers[template],
+        )
+        server = await start_server(nursery, app)
+        servers.extend([server, running])  # shut down the server before its worker
+        client = httpx.AsyncClient(base_url=server.url, timeout=30)
+        clients.append(client)
+        return Stack(server.url, server_context(app), emu, running, client)
+
+    yield factory
+    for client in clients:
+        await client.aclose()
+    # Graceful: the app's after_serving closes its worker clients.
+    for server in servers:
+        await server.aclose()
+
+
+@pytest.fixture
+async def stack(make_stack: StackFactory) -> Stack:
+    return await make_stack()

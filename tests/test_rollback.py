@@ -1,0 +1,103 @@
+"""History matching and rollback (DESIGN §5), end to end."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .conftest import TOOLS, Stack, StackFactory
+from .test_turns import check_document, echo, run_tool_episode
+
+
+async def test_retry_of_last_turn_rolls_back_one_turn(stack: Stack) -> None:
+    session_id = await stack.create()
+    messages, _ = await run_tool_episode(stack, session_id, turns=2)
+    before = await stack.trajectory(session_id)
+    # The agent never saw the 2nd answer (e.g. it timed out) and retries it.
+    retry = messages[:-1]
+    response = await stack.chat(session_id, messages=retry, tools=TOOLS, seed=99)
+    assert response.status_code == 200, response.text
+    after = await stack.trajectory(session_id)
+    check_document(after)
+    assert len(after["turns"]) == 2
+    kept = before["turns"][0]["completion_end"]
+    assert after["token_ids"][:kept] == before["token_ids"][:kept]
+    assert after["messages"][-1]["content"] == response.json()["choices"][0]["message"]["content"]
+    # The retried turn's prompt is the same as the dropped one's.
+    assert after["turns"][1]["completion_start"] == before["turns"][1]["completion_start"]
+
+
+async def test_agent_that_edits_last_tool_result_rolls_back(stack: Stack) -> None:
+    session_id = await stack.create()
+    messages, _ = await run_tool_episode(stack, session_id, turns=2)
+    edited = [*messages[:-2], {**messages[-2], "content": "a different tool result"}]
+    response = await stack.chat(session_id, messages=edited, tools=TOOLS)
+    assert response.status_code == 200, response.text
+    assert len((await stack.trajectory(session_id))["turns"]) == 2
+
+
+async def test_divergence_deeper_than_limit_is_400_and_keeps_history(stack: Stack) -> None:
+    session_id = await stack.create()
+    messages, _ = await run_tool_episode(stack, session_id, turns=3)
+    before = await stack.trajectory(session_id)
+    diverged = [messages[0], {"role": "user", "content": "something else entirely"}]
+    response = await stack.chat(session_id, messages=diverged, tools=TOOLS)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "trajectory_diverged"
+    assert await stack.trajectory(session_id) == before
+
+
+async def test_changed_tools_diverge_from_the_first_prompt(stack: Stack) -> None:
+    session_id = await stack.create()
+    messages, _ = await run_tool_episode(stack, session_id, turns=3)
+    messages.append({"role": "user", "content": "next"})
+    response = await stack.chat(session_id, messages=messages, tools=None)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "trajectory_diverged"
+
+
+async def test_first_turn_retry_is_always_allowed(make_stack: StackFactory) -> None:
+    stack = await make_stack(max_rollback_turns=0)
+    session_id = await stack.create()
+    messages = [{"role": "user", "content": "first"}]
+    first = await stack.chat(session_id, messages=messages, seed=1)
+    retry = await stack.chat(session_id, messages=messages, seed=2)
+    assert (first.status_code, retry.status_code) == (200, 200)
+    doc = await stack.trajectory(session_id)
+    check_document(doc)
+    assert len(doc["turns"]) == 1
+    sampled = [e[1] for e in retry.json()["choices"][0]["meta_info"]["output_token_logprobs"]]
+    assert doc["token_ids"][doc["turns"][0]["completion_start"] :] == sampled
+
+
+async def test_no_rollback_allowed_means_last_turn_retry_diverges(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make_stack(max_rollback_turns=0)
+    session_id = await stack.create()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "first"}]
+    first = (await stack.chat(session_id, messages=messages)).json()
+    messages += [echo(first["choices"][0]["message"]), {"role": "user", "content": "second"}]
+    assert (await stack.chat(session_id, messages=messages)).status_code == 200
+    response = await stack.chat(session_id, messages=messages)
+    assert response.json()["error"]["code"] == "trajectory_diverged"
+
+
+async def test_history_compare_ignores_ids_key_order_and_empty_forms(stack: Stack) -> None:
+    session_id = await stack.create()
+    messages, answers = await run_tool_episode(stack, session_id, turns=1)
+    call = answers[0]["choices"][0]["message"]["tool_calls"][0]
+    args = json.loads(call["function"]["arguments"])
+    reordered = json.dumps(dict(reversed(list(args.items()))), indent=2)
+    messages[-1] = {
+        "role": "assistant",
+        "content": None,  # the answer had "": equal
+        "tool_calls": [
+            {"id": "other-id", "type": "function",
+             "function": {"name": call["function"]["name"], "arguments": reordered}}
+        ],
+    }
+    messages.append({"role": "tool", "tool_call_id": "other-id", "content": "ok"})
+    response = await stack.chat(session_id, messages=messages, tools=TOOLS)
+    assert response.status_code == 200, response.text
+    assert len((await stack.trajectory(session_id))["turns"]) == 2
