@@ -19,8 +19,14 @@ from rollout_session import Settings, create_app
 from rollout_session.app import server_context
 from rollout_session.context import ServerContext
 from rollout_session.serving import RunningServer, start_server
-from rollout_session.testing import builtin_template, test_tokenizer_path
-from rollout_session.testing.emulator import Emulator, EmulatorConfig, start_emulator
+from rollout_session.testing import (
+    Emulator,
+    EmulatorConfig,
+    TextModel,
+    builtin_template,
+    start_emulator,
+    test_tokenizer_path,
+)
 from rollout_session.tokenization import ChatTokenizer
 
 TOOLS = [
@@ -46,7 +52,9 @@ def hf_tokenizer() -> Any:
 
 @pytest.fixture(scope="session")
 def chat_tokenizers(hf_tokenizer: Any) -> dict[str, ChatTokenizer]:
-    return {name: ChatTokenizer(hf_tokenizer, builtin_template(name)) for name in ("chatml", "qwen3")}
+    return {
+        name: ChatTokenizer(hf_tokenizer, builtin_template(name)) for name in ("chatml", "qwen3")
+    }
 
 
 @dataclass
@@ -82,9 +90,14 @@ class Stack:
 StackFactory = Callable[..., Awaitable[Stack]]
 
 
+@pytest.fixture(scope="session")
+def text_model(hf_tokenizer: Any) -> TextModel:
+    return TextModel(hf_tokenizer)
+
+
 @pytest.fixture
 async def make_stack(
-    nursery: trio.Nursery, hf_tokenizer: Any, chat_tokenizers: dict[str, ChatTokenizer]
+    nursery: trio.Nursery, text_model: TextModel, chat_tokenizers: dict[str, ChatTokenizer]
 ) -> AsyncIterator[StackFactory]:
     clients: list[httpx.AsyncClient] = []
     servers: list[RunningServer] = []
@@ -92,9 +105,7 @@ async def make_stack(
     async def factory(
         *, template: str = "chatml", emulator: EmulatorConfig | None = None, **settings: Any
     ) -> Stack:
-        running, emu = await start_emulator(
-            nursery, emulator or EmulatorConfig(), tokenizer=hf_tokenizer
-        )
+        running, emu = await start_emulator(nursery, emulator or EmulatorConfig(), model=text_model)
         app = create_app(
             Settings(workers=(running.url,), port=0, **settings),
             tokenizer=chat_tokenizers[template],

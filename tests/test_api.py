@@ -24,7 +24,9 @@ async def test_health_never_touches_a_worker(stack: Stack) -> None:
 
 
 async def test_create_get_list_and_page_sessions(stack: Stack) -> None:
-    created = await stack.client.post("/sessions", json={"session_id": "ep:1", "metadata": {"k": 1}})
+    created = await stack.client.post(
+        "/sessions", json={"session_id": "ep:1", "metadata": {"k": 1}}
+    )
     assert created.status_code == 201
     assert created.json()["base_url"] == "/sessions/ep:1/v1"
     generated = (await stack.client.post("/sessions")).json()["session_id"]
@@ -64,12 +66,20 @@ BAD_CHAT: list[tuple[str, Any, int, str]] = [
     ("empty-messages", {"messages": []}, 400, "invalid_request"),
     ("unknown-role", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_request"),
     ("content-int", {"messages": [{"role": "user", "content": 5}]}, 400, "invalid_request"),
-    ("image-part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "invalid_request"),
+    (
+        "image-part",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        400,
+        "invalid_request",
+    ),
     ("n-2", {"messages": USER, "n": 2}, 400, "invalid_request"),
     ("temperature-str", {"messages": USER, "temperature": "hot"}, 400, "invalid_request"),
-    ("temperature-nan", b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400,
-     "invalid_request"),
+    (
+        "temperature-nan",
+        b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+        400,
+        "invalid_request",
+    ),
     ("temperature-high", {"messages": USER, "temperature": 9.5}, 400, "invalid_request"),
     ("max-tokens-0", {"messages": USER, "max_tokens": 0}, 400, "invalid_request"),
     ("max-tokens-bool", {"messages": USER, "max_tokens": True}, 400, "invalid_request"),
@@ -77,13 +87,22 @@ BAD_CHAT: list[tuple[str, Any, int, str]] = [
     ("tools-not-list", {"messages": USER, "tools": {"a": 1}}, 400, "invalid_request"),
     ("tool-no-name", {"messages": USER, "tools": [{"type": "function"}]}, 400, "invalid_request"),
     ("stream", {"messages": USER, "stream": True}, 400, "invalid_request"),
-    ("tool-call-args-int", {"messages": [{"role": "assistant", "tool_calls": [
-        {"function": {"name": "f", "arguments": 3}}]}]}, 400, "invalid_request"),
+    (
+        "tool-call-args-int",
+        {
+            "messages": [
+                {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}
+            ]
+        },
+        400,
+        "invalid_request",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("body", "status", "code"), [c[1:] for c in BAD_CHAT],
-                         ids=[c[0] for c in BAD_CHAT])
+@pytest.mark.parametrize(
+    ("body", "status", "code"), [c[1:] for c in BAD_CHAT], ids=[c[0] for c in BAD_CHAT]
+)
 async def test_bad_chat_request(stack: Stack, body: Any, status: int, code: str) -> None:
     session_id = await stack.create()
     url = f"/sessions/{session_id}/v1/chat/completions"
@@ -100,8 +119,11 @@ async def test_bad_chat_request(stack: Stack, body: Any, status: int, code: str)
 async def test_assistant_appended_by_agent_is_rejected(stack: Stack) -> None:
     session_id = await stack.create()
     first = (await stack.chat(session_id, messages=USER)).json()["choices"][0]["message"]
-    messages = [*USER, {"role": "assistant", "content": first["content"]},
-                {"role": "assistant", "content": "I made this up"}]
+    messages = [
+        *USER,
+        {"role": "assistant", "content": first["content"]},
+        {"role": "assistant", "content": "I made this up"},
+    ]
     response = await stack.chat(session_id, messages=messages)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_request"
@@ -119,8 +141,9 @@ BAD_CREATE = [
 ]
 
 
-@pytest.mark.parametrize(("body", "status", "code"), [c[1:] for c in BAD_CREATE],
-                         ids=[c[0] for c in BAD_CREATE])
+@pytest.mark.parametrize(
+    ("body", "status", "code"), [c[1:] for c in BAD_CREATE], ids=[c[0] for c in BAD_CREATE]
+)
 async def test_bad_create(stack: Stack, body: Any, status: int, code: str) -> None:
     response = await stack.client.post("/sessions", json=body)
     assert (response.status_code, response.json()["error"]["code"]) == (status, code)
@@ -128,9 +151,13 @@ async def test_bad_create(stack: Stack, body: Any, status: int, code: str) -> No
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/sessions/nope"), ("GET", "/sessions/nope/trajectory"),
-     ("DELETE", "/sessions/nope"), ("POST", "/sessions/nope/v1/chat/completions"),
-     ("GET", "/sessions/nope/v1/models")],
+    [
+        ("GET", "/sessions/nope"),
+        ("GET", "/sessions/nope/trajectory"),
+        ("DELETE", "/sessions/nope"),
+        ("POST", "/sessions/nope/v1/chat/completions"),
+        ("GET", "/sessions/nope/v1/models"),
+    ],
     ids=["get", "trajectory", "delete", "chat", "models"],
 )
 async def test_unknown_session_is_404(stack: Stack, method: str, path: str) -> None:

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from rollout_session.testing.emulator import Emulator, EmulatorConfig, start_emulator
 from rollout_session.testing.emulator_cli import add_arguments, config_from_args
 from rollout_session.testing.faults import FAULT_HEADER
-from rollout_session.testing.generation import SampleSpec, routed_experts_blob
+from rollout_session.testing.generation import SampleSpec, TextModel, routed_experts_blob
 from rollout_session.testing.prefix_cache import PrefixCache
 
 # Aliased: pytest would collect a module-level name starting with "test_".
@@ -62,18 +62,23 @@ FLAT_ERROR_KEYS = {"object", "message", "type", "param", "code"}
 
 
 @pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(bundled_tokenizer_path())
+def model() -> TextModel:
+    return TextModel(AutoTokenizer.from_pretrained(bundled_tokenizer_path()))
 
 
 @pytest.fixture
-async def serve(nursery: trio.Nursery, tokenizer: Any) -> AsyncIterator[Serve]:
+def tokenizer(model: TextModel) -> Any:
+    return model.tokenizer
+
+
+@pytest.fixture
+async def serve(nursery: trio.Nursery, model: TextModel) -> AsyncIterator[Serve]:
     """Start emulators (config overrides as keywords); each gets its own client."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(**overrides: Any) -> tuple[httpx.AsyncClient, Emulator]:
             config = EmulatorConfig(**overrides)
-            server, emulator = await start_emulator(nursery, config, tokenizer=tokenizer)
+            server, emulator = await start_emulator(nursery, config, model=model)
             stack.push_async_callback(server.aclose)
             client = httpx.AsyncClient(base_url=server.url, timeout=10.0)
             await stack.enter_async_context(client)
@@ -426,7 +431,7 @@ def _entries(doc: Any) -> list[Any]:
     return list(doc["choices"][0]["meta_info"]["output_token_logprobs"])
 
 
-VOCAB = 129278
+VOCAB = 129278  # the bundled tokenizer's max id + 1
 BODY_FAULTS: dict[str, Callable[[bytes], bool]] = {
     "malformed_json": lambda raw: _unparsable(raw, json.loads),
     "nan_logprob": lambda raw: (
@@ -460,9 +465,9 @@ def _unparsable(raw: bytes, loads: Callable[[bytes], Any]) -> bool:
 
 
 @pytest.mark.parametrize("fault", sorted(BODY_FAULTS), ids=sorted(BODY_FAULTS))
-async def test_body_faults(serve: Serve, tokenizer: Any, fault: str) -> None:
-    assert max(tokenizer.get_vocab().values()) + 1 == VOCAB
+async def test_body_faults(serve: Serve, fault: str) -> None:
     client, emulator = await serve()
+    assert emulator.model.vocab_size == VOCAB
     response = await client.post(
         "/v1/chat/completions",
         json={"input_ids": list(range(100, 107))},
@@ -598,3 +603,12 @@ def test_cli_flags_build_the_config() -> None:
     assert (config.prefill_s_per_token, config.routed_experts_layers) == (0.001, 48)
     assert config.tokenizer_path == bundled_tokenizer_path()
     assert parser.parse_args([]).port == 30000
+
+
+async def test_start_with_a_loaded_hf_tokenizer(nursery: trio.Nursery, tokenizer: Any) -> None:
+    server, emulator = await start_emulator(nursery, tokenizer=tokenizer)
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        answer = await chat(client, {"input_ids": [5, 6, 7]})
+    assert emulator.completed == 1
+    assert sampled(answer)[0][-1] == tokenizer.eos_token_id
+    await server.aclose()

@@ -59,7 +59,9 @@ async def test_emulator_fault_is_reported_and_nothing_committed(
 
 
 @pytest.mark.parametrize("fault", ["http_400", "http_500"], ids=["worker-400", "worker-500"])
-async def test_worker_error_is_passed_through_unchanged(make_stack: StackFactory, fault: str) -> None:
+async def test_worker_error_is_passed_through_unchanged(
+    make_stack: StackFactory, fault: str
+) -> None:
     stack = await make_stack(emulator=EmulatorConfig(fault=fault))
     session_id = await stack.create()
     direct = await stack.client.post(

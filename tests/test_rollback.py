@@ -93,8 +93,11 @@ async def test_history_compare_ignores_ids_key_order_and_empty_forms(stack: Stac
         "role": "assistant",
         "content": None,  # the answer had "": equal
         "tool_calls": [
-            {"id": "other-id", "type": "function",
-             "function": {"name": call["function"]["name"], "arguments": reordered}}
+            {
+                "id": "other-id",
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": reordered},
+            }
         ],
     }
     messages.append({"role": "tool", "tool_call_id": "other-id", "content": "ok"})

@@ -31,9 +31,7 @@ def agent_episode(base_url: str) -> list[Any]:
 
 async def test_sync_sdk_tool_conversation(stack: Stack) -> None:
     session_id = await stack.create()
-    messages = await trio.to_thread.run_sync(
-        agent_episode, f"{stack.url}/sessions/{session_id}/v1"
-    )
+    messages = await trio.to_thread.run_sync(agent_episode, f"{stack.url}/sessions/{session_id}/v1")
     doc = await stack.trajectory(session_id)
     check_document(doc)
     assert len(doc["turns"]) == 2

@@ -36,7 +36,9 @@ def check_document(doc: dict[str, Any]) -> None:
     mask = np.zeros(n, np.uint8)
     for i, turn in enumerate(doc["turns"]):
         assert turn["index"] == i
-        assert position == turn["prompt_start"] <= turn["completion_start"] <= turn["completion_end"]
+        assert (
+            position == turn["prompt_start"] <= turn["completion_start"] <= turn["completion_end"]
+        )
         mask[turn["completion_start"] : turn["completion_end"]] = 1
         position = turn["completion_end"]
     assert position == n
@@ -46,7 +48,9 @@ def check_document(doc: dict[str, Any]) -> None:
         assert doc["prompt_length"] == doc["turns"][0]["completion_start"]
 
 
-async def run_tool_episode(stack: Stack, session_id: str, turns: int) -> tuple[list[Any], list[Any]]:
+async def run_tool_episode(
+    stack: Stack, session_id: str, turns: int
+) -> tuple[list[Any], list[Any]]:
     """An agent loop: user → tool call → tool result → … ; returns (messages, answers)."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent."},
@@ -99,9 +103,7 @@ async def test_tool_conversation_equals_template_rendering(stack: Stack, hf_toke
         sampled_ids, sampled_logprobs = sampled(answer)
         span = slice(turn["completion_start"], turn["completion_end"])
         assert ids[span] == sampled_ids
-        assert np.array_equal(
-            np.float32(doc["logprobs"][span]), np.float32(sampled_logprobs)
-        )
+        assert np.array_equal(np.float32(doc["logprobs"][span]), np.float32(sampled_logprobs))
         assert turn["worker"] == stack.emulator_url
         assert turn["finish_reason"] == answer["choices"][0]["finish_reason"]
     # Turns 2.. appended only their delta: the worker's cache saw the prefix.
@@ -137,7 +139,9 @@ async def test_think_stripping_template_keeps_sampled_history(
     assert doc["turns"][1]["prompt_start"] == turn0["completion_end"]
     # ...whereas a re-render strips the earlier <think> block: it differs.
     rerender = hf_tokenizer.apply_chat_template(
-        messages, chat_template=builtin_template("qwen3"), tokenize=False,
+        messages,
+        chat_template=builtin_template("qwen3"),
+        tokenize=False,
         add_generation_prompt=True,
     )
     rerendered_ids = hf_tokenizer(rerender, add_special_tokens=False)["input_ids"]

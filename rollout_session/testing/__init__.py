@@ -1,5 +1,20 @@
 """Test and demo support: the SGLang emulator and the bundled test tokenizer."""
 
+from .emulator import ChatRecord, Emulator, EmulatorConfig, create_emulator_app, start_emulator
+from .faults import FAULT_HEADER, FAULTS
+from .generation import TextModel
 from .tokenizer import BUILTIN_TEMPLATES, builtin_template, test_tokenizer_path
 
-__all__ = ["BUILTIN_TEMPLATES", "builtin_template", "test_tokenizer_path"]
+__all__ = [
+    "BUILTIN_TEMPLATES",
+    "FAULTS",
+    "FAULT_HEADER",
+    "ChatRecord",
+    "Emulator",
+    "EmulatorConfig",
+    "TextModel",
+    "builtin_template",
+    "create_emulator_app",
+    "start_emulator",
+    "test_tokenizer_path",
+]

@@ -133,19 +133,18 @@ def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
 
 
 def _session_of(body: dict[str, Any]) -> str | None:
+    """SGLang's ``session_params.id``, or a plain ``session_id`` field."""
     params = body.get("session_params")
-    sid = params.get("id") if isinstance(params, dict) else body.get("session_id")
+    sid = (params.get("id") if isinstance(params, dict) else None) or body.get("session_id")
     return sid if isinstance(sid, str) and sid else None
 
 
 class Emulator:
     """State of one emulator server; tests reach it as ``app.extensions["emulator"]``."""
 
-    def __init__(self, config: EmulatorConfig, tokenizer: Any = None) -> None:
+    def __init__(self, config: EmulatorConfig, model: TextModel | None = None) -> None:
         self.config = config
-        if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
-        self.model = TextModel(tokenizer)
+        self.model = model or TextModel(AutoTokenizer.from_pretrained(str(config.tokenizer_path)))
         self.cache = PrefixCache(config.cache_capacity_tokens, config.cache_block_tokens)
         self.faults = FaultPicker(config.fault, config.fault_rate, config.seed)
         self.requests: deque[ChatRecord] = deque(maxlen=config.record_limit)
@@ -351,16 +350,21 @@ def _json(payload: Any) -> Response:
     return Response(orjson.dumps(payload), content_type="application/json")
 
 
-def create_emulator_app(config: EmulatorConfig, *, tokenizer: Any = None) -> QuartTrio:
+def create_emulator_app(
+    config: EmulatorConfig, *, tokenizer: Any = None, model: TextModel | None = None
+) -> QuartTrio:
     """The emulator's Quart-Trio app; its `Emulator` is ``app.extensions["emulator"]``.
 
-    ``tokenizer`` (an already loaded HF tokenizer for ``config.tokenizer_path``)
-    saves the load when a test starts many emulators.
+    Tests that start many emulators pass what they already loaded for
+    ``config.tokenizer_path``: ``tokenizer`` (an HF tokenizer) saves loading it
+    from disk, ``model`` (a `TextModel`, shareable) also saves its vocabulary scan.
     """
+    if model is None and tokenizer is not None:
+        model = TextModel(tokenizer)
     app = QuartTrio(__name__)
     # Quart's defaults cut long requests and responses; the emulator stalls on purpose.
     app.config.update(MAX_CONTENT_LENGTH=None, BODY_TIMEOUT=None, RESPONSE_TIMEOUT=None)
-    emulator = Emulator(config, tokenizer)
+    emulator = Emulator(config, model)
     app.extensions["emulator"] = emulator
 
     async def health() -> Response:
@@ -434,11 +438,15 @@ async def start_emulator(
     config: EmulatorConfig | None = None,
     *,
     tokenizer: Any = None,
+    model: TextModel | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
 ) -> tuple[RunningServer, Emulator]:
-    """Serve an emulator in ``nursery`` (port 0: a free port); returns it once listening."""
-    app = create_emulator_app(config or EmulatorConfig(), tokenizer=tokenizer)
+    """Serve an emulator in ``nursery`` (port 0: a free port); returns it once listening.
+
+    ``tokenizer``/``model``: see `create_emulator_app`.
+    """
+    app = create_emulator_app(config or EmulatorConfig(), tokenizer=tokenizer, model=model)
     server = await start_server(nursery, app, host=host, port=port)
     emulator: Emulator = app.extensions["emulator"]
     return server, emulator

@@ -2,14 +2,14 @@
 
 Owns the flags (one per `EmulatorConfig` field, defaults taken from it), their
 translation into a config, and running one emulator on hypercorn until
-interrupted.
+SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,17 +98,21 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
 
 async def _serve(config: EmulatorConfig, host: str, port: int) -> None:
-    async with trio.open_nursery() as nursery:
-        server, _ = await start_emulator(nursery, config, host=host, port=port)
-        print(f"SGLang emulator listening on {server.url}", flush=True)
+    # SIGINT/SIGTERM shut the server down gracefully instead of unwinding
+    # through the nursery as a KeyboardInterrupt traceback.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            server, _ = await start_emulator(nursery, config, host=host, port=port)
+            print(f"SGLang emulator listening on {server.url}", flush=True)
+            async for _ in signals:
+                await server.aclose()
+                break
 
 
 def run(args: argparse.Namespace) -> None:
-    """Serve one emulator until interrupted (Ctrl-C)."""
+    """Serve one emulator until SIGINT (Ctrl-C) or SIGTERM."""
     try:
         config = config_from_args(args)
     except (ValueError, OSError) as exc:
         sys.exit(f"error: {exc}")
-    # Ctrl-C is the way to stop it: no traceback for that.
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(_serve, config, args.host, args.port)
+    trio.run(_serve, config, args.host, args.port)

@@ -206,7 +206,7 @@ def fault_reply(fault: str, response: dict[str, Any], vocab_size: int) -> Reply:
 
 
 class _ConnectionDropped(Exception):
-    pass
+    """Unwinds the app once the partial body is out, so nothing completes the response."""
 
 
 class DropConnectionMiddleware:

@@ -1,0 +1,73 @@
+"""Settings validation and the CLI/environment mapping."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from rollout_session import Settings
+from rollout_session.cli import _add_serve_arguments, settings_from_args
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"workers": ()},
+        {"workers": ("localhost:30000",)},
+        {"workers": ("http://w",), "port": 70000},
+        {"workers": ("http://w",), "append_roles": frozenset({"wizard"})},
+        {"workers": ("http://w",), "append_roles": frozenset()},
+        {"workers": ("http://w",), "max_rollback_turns": -1},
+        {"workers": ("http://w",), "upstream_timeout_s": 0},
+        {"workers": ("http://w",), "cpu_threads": 0},
+        {"workers": ("http://w",), "log_level": "loud"},
+    ],
+    ids=[
+        "no-worker",
+        "no-scheme",
+        "port",
+        "role",
+        "no-roles",
+        "rollback",
+        "timeout",
+        "threads",
+        "log-level",
+    ],
+)
+def test_invalid_settings_are_rejected(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_settings_are_frozen_and_normalised() -> None:
+    settings = Settings(workers=("http://w:1/",), chat_template_kwargs={"a": 1})
+    assert settings.workers == ("http://w:1",)
+    with pytest.raises(AttributeError):
+        settings.port = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        settings.chat_template_kwargs["a"] = 2  # type: ignore[index]
+
+
+def parse(argv: list[str], env: dict[str, str]) -> Settings:
+    parser = argparse.ArgumentParser()
+    _add_serve_arguments(parser, env)
+    return settings_from_args(parser.parse_args(argv))
+
+
+def test_flags_and_environment() -> None:
+    env = {
+        "ROLLOUT_SESSION_WORKERS": "http://a:1,http://b:2",
+        "ROLLOUT_SESSION_MAX_ROLLBACK_TURNS": "3",
+        "ROLLOUT_SESSION_APPEND_ROLLES_TYPO": "ignored",
+    }
+    settings = parse(["--append-roles", "tool,user,system", "--port", "0"], env)
+    assert settings.workers == ("http://a:1", "http://b:2")
+    assert settings.max_rollback_turns == 3
+    assert settings.append_roles == {"tool", "user", "system"}
+    flag_wins = parse(["--worker", "http://c:3", "--max-rollback-turns", "0"], env)
+    assert flag_wins.workers == ("http://c:3",) and flag_wins.max_rollback_turns == 0
+    demo = parse(["--demo", "--chat-template-kwargs", '{"enable_thinking": false}'], {})
+    assert (
+        demo.demo and demo.workers == () and demo.chat_template_kwargs == {"enable_thinking": False}
+    )

@@ -1,0 +1,71 @@
+"""Compact token storage, commits, rollback and invariant checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rollout_session.trajectory import TokenBuffer, Trajectory, Turn
+
+
+def make_turn(index: int, start: int, prompt: int, sampled: int, messages_end: int) -> Turn:
+    return Turn(
+        index,
+        start,
+        start + prompt,
+        start + prompt + sampled,
+        messages_end,
+        "stop",
+        "http://w",
+        None,
+        0,
+        0.1,
+        0.0,
+    )
+
+
+def commit(traj: Trajectory, keep: int, prompt: list[int], sampled: list[int]) -> None:
+    start = traj.length_after(keep)
+    traj.commit(
+        keep_turns=keep,
+        prompt_ids=prompt,
+        sampled_ids=np.array(sampled, np.int32),
+        sampled_logprobs=-np.arange(1, len(sampled) + 1, dtype=np.float32) / 10,
+        turn=make_turn(keep, start, len(prompt), len(sampled), 2 * (keep + 1)),
+    )
+
+
+def test_commit_appends_masks_and_logprobs() -> None:
+    traj = Trajectory()
+    commit(traj, 0, [1, 2, 3], [4, 5])
+    commit(traj, 1, [6], [7])
+    assert traj.tokens.ids.tolist() == [1, 2, 3, 4, 5, 6, 7]
+    assert traj.tokens.mask.tolist() == [0, 0, 0, 1, 1, 0, 1]
+    assert np.allclose(traj.tokens.logprobs, [0, 0, 0, -0.1, -0.2, 0, -0.1])
+    assert traj.sampled_ids(1).tolist() == [7]
+    assert traj.check() is None
+
+
+def test_rollback_truncates_then_appends() -> None:
+    traj = Trajectory()
+    commit(traj, 0, [1], [2])
+    commit(traj, 1, [3], [4, 5])
+    commit(traj, 1, [9], [8])  # retry of turn 1
+    assert traj.tokens.ids.tolist() == [1, 2, 9, 8]
+    assert [t.index for t in traj.turns] == [0, 1]
+    assert traj.check() is None
+
+
+def test_check_reports_corruption() -> None:
+    traj = Trajectory()
+    commit(traj, 0, [1], [2])
+    traj.tokens.truncate(1)
+    assert traj.check() is not None
+
+
+def test_storage_stays_under_16_bytes_per_token() -> None:
+    buffer = TokenBuffer()
+    for _ in range(400):  # many small appends, as turns do
+        buffer.append_prompt(list(range(7)))
+        buffer.append_sampled(np.arange(13, dtype=np.int32), np.zeros(13, np.float32))
+    assert len(buffer) == 8000
+    assert buffer.nbytes / len(buffer) <= 16

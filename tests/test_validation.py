@@ -1,0 +1,97 @@
+"""Strict validation of worker answers (DESIGN §4.3) on SGLang's own shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from rollout_session.errors import UpstreamMalformed
+from rollout_session.validation import parse_worker_answer
+
+FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "sglang_chat_answers.json").read_text())
+VOCAB = 151_936  # Qwen's, the fixtures' model
+
+
+def parse(answer: Any, prompt_tokens: int = 42) -> Any:
+    body = answer if isinstance(answer, bytes) else orjson.dumps(answer)
+    return parse_worker_answer(body, sent_prompt_tokens=prompt_tokens, vocab_size=VOCAB)
+
+
+def test_text_answer_fixture() -> None:
+    answer = parse(FIXTURES["text_answer"])
+    assert answer.ids.tolist() == [40, 1184, 1401, 13, 151645]
+    assert answer.logprobs.dtype.name == "float32" and (answer.logprobs <= 0).all()
+    assert answer.content == "I'll look." and answer.finish_reason == "stop"
+    assert (answer.cached_tokens, answer.weight_version) == (32, "default")
+
+
+def test_tool_call_fixture() -> None:
+    answer = parse(FIXTURES["tool_call_answer"])
+    assert answer.finish_reason == "tool_calls"
+    assert answer.tool_calls[0]["function"] == {
+        "name": "read_file",
+        "arguments": '{"path": "main.py"}',
+    }
+
+
+def test_top_level_meta_info_and_two_element_entries_are_accepted() -> None:
+    answer = json.loads(json.dumps(FIXTURES["text_answer"]))
+    meta = answer["choices"][0].pop("meta_info")
+    meta["output_token_logprobs"] = [e[:2] for e in meta["output_token_logprobs"]]
+    answer["meta_info"] = meta
+    assert parse(answer).ids.tolist() == [40, 1184, 1401, 13, 151645]
+
+
+def mutate(path: str, value: Any) -> bytes:
+    """The text answer with one JSON-path element replaced by raw JSON text."""
+    answer = json.loads(json.dumps(FIXTURES["text_answer"]))
+    target = answer
+    keys = path.split("/")
+    for key in keys[:-1]:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    last = keys[-1]
+    marker = "__MARK__"
+    if isinstance(target, list):
+        target[int(last)] = marker
+    else:
+        target[last] = marker
+    return json.dumps(answer).replace(f'"{marker}"', value).encode()
+
+
+ENTRY0 = "choices/0/meta_info/output_token_logprobs/0"
+META = "choices/0/meta_info"
+BAD = [
+    ("nan", mutate(f"{ENTRY0}/0", "NaN"), "json"),
+    ("infinity", mutate(f"{ENTRY0}/0", "Infinity"), "json"),
+    ("huge-float", mutate(f"{ENTRY0}/0", "-1e400"), "logprob"),
+    ("positive", mutate(f"{ENTRY0}/0", "0.5"), "logprob"),
+    ("bool-logprob", mutate(f"{ENTRY0}/0", "false"), "logprob"),
+    ("bool-id", mutate(f"{ENTRY0}/1", "true"), "token_id"),
+    ("str-id", mutate(f"{ENTRY0}/1", '"40"'), "token_id"),
+    ("float-id", mutate(f"{ENTRY0}/1", "40.0"), "token_id"),
+    ("negative-id", mutate(f"{ENTRY0}/1", "-1"), "token_id"),
+    ("oov-id", mutate(f"{ENTRY0}/1", str(VOCAB)), "token_id"),
+    ("short-entry", mutate(ENTRY0, "[-0.1]"), "output_token_logprobs"),
+    ("entry-not-list", mutate(ENTRY0, "{}"), "output_token_logprobs"),
+    ("length", mutate(f"{META}/completion_tokens", "6"), "length_mismatch"),
+    ("bool-length", mutate(f"{META}/completion_tokens", "true"), "completion_tokens"),
+    ("prompt-tokens", mutate(f"{META}/prompt_tokens", "41"), "prompt_tokens_mismatch"),
+    ("no-meta", mutate(META, "null"), "meta_info_missing"),
+    ("no-logprobs", mutate(f"{META}/output_token_logprobs", "null"), "output_token_logprobs"),
+    ("message-not-object", mutate("choices/0/message", "[]"), "message"),
+    ("no-choices", mutate("choices", "[]"), "choices"),
+    ("truncated", orjson.dumps(FIXTURES["text_answer"])[:200], "json"),
+    ("not-json", b"<html>", "json"),
+]
+
+
+@pytest.mark.parametrize(("body", "kind"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_malformed_answers_are_rejected(body: bytes, kind: str) -> None:
+    with pytest.raises(UpstreamMalformed) as info:
+        parse(body)
+    assert info.value.kind == kind
+    assert info.value.status_code == 502
