@@ -7,7 +7,6 @@ limiter live here and are reached through the app that owns them.
 from __future__ import annotations
 
 import functools
-import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from .upstream import ModelInfo, Upstream
 __all__ = ["ServerContext"]
 
 T = TypeVar("T")
-logger = logging.getLogger("rollout_session")
 
 
 @dataclass

@@ -17,7 +17,7 @@ import orjson
 from .errors import InvalidRequest
 from .messages import Message, normalize_messages
 
-__all__ = ["ChatRequest", "parse_chat_request"]
+__all__ = ["ChatRequest", "parse_chat_request", "parse_json_object"]
 
 
 @dataclass(slots=True)
@@ -84,13 +84,19 @@ def _check_stop(stop: Any) -> None:
         raise InvalidRequest("stop must be a string or a list of strings", param="stop")
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object (NaN/Infinity rejected)."""
     try:
-        raw = orjson.loads(body)
+        data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
+    if not isinstance(data, dict):
         raise InvalidRequest("request body must be a JSON object")
+    return data
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    raw = parse_json_object(body)
     messages = normalize_messages(raw.get("messages"))
     n = raw.get("n")
     if n is not None and (not _is_int(n) or n != 1):

@@ -19,6 +19,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from .context import ServerContext
 from .errors import InvalidRequest, RequestTooLarge, SessionClosing, UpstreamError
 from .export import ExportStatus, export_document, serialize
+from .protocol import parse_json_object
 from .sessions import SessionState
 from .turns import run_turn
 
@@ -49,13 +50,7 @@ async def read_json_object(*, optional: bool) -> dict[str, Any]:
     body = await read_body()
     if optional and not body.strip():
         return {}
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    return data
+    return parse_json_object(body)
 
 
 def _create_args(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None, float | None]:

@@ -9,7 +9,6 @@ is only applied by the commit, so a failed turn never loses history.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +33,6 @@ from .upstream import UpstreamReply
 from .validation import WorkerAnswer, parse_worker_answer
 
 __all__ = ["TurnPlan", "commit_turn", "plan_turn", "run_turn"]
-
-logger = logging.getLogger("rollout_session")
 
 # Fields the server owns in the upstream request (DESIGN §4.1 step 4).
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
