@@ -16,12 +16,14 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from .admin import register_admin_routes
 from .config import Settings
 from .context import ServerContext
 from .errors import (
     InternalError,
     InvalidRequest,
     MethodNotAllowed,
+    NoHealthyWorker,
     RequestTooLarge,
     RolloutSessionError,
     RouteNotFound,
@@ -30,7 +32,7 @@ from .errors import (
 from .routes import register_routes
 from .sessions import SessionRegistry
 from .tokenization import ChatTokenizer, load_tokenizer
-from .upstream import WorkerPool
+from .workers import WorkerPool
 
 __all__ = ["create_app", "server_context"]
 
@@ -73,11 +75,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         BODY_TIMEOUT=60,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-    pool = WorkerPool(
-        timeout_s=settings.upstream_timeout_s,
-        connect_timeout_s=settings.connect_timeout_s,
-        max_connections=settings.upstream_max_connections,
-    )
+    pool = WorkerPool(settings)
     for url in settings.workers:
         pool.add(url)
     ctx = ServerContext(
@@ -91,6 +89,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
 
     @app.before_serving
     async def startup() -> None:
+        await app.nursery.start(ctx.pool.run)
         await _load_model(ctx)
 
     @app.after_serving
@@ -113,6 +112,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         return error_response(InternalError(f"internal error: {type(error).__name__}"))
 
     register_routes(app, ctx)
+    register_admin_routes(app, ctx)
     return app
 
 
@@ -125,7 +125,7 @@ async def _load_model(ctx: ServerContext) -> None:
     settings = ctx.settings
     try:
         ctx.model_info = await ctx.pool.model_info()
-    except UpstreamError:
+    except (UpstreamError, NoHealthyWorker):
         if settings.tokenizer is None and ctx.tokenizer is None:
             raise
         logger.warning("worker model info unavailable at startup; continuing with --tokenizer")

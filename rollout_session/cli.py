@@ -62,6 +62,11 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--cpu-threads", "cpu_threads", int, "threads for large parse/validate work"),
     ("--offload-threshold-kb", "offload_threshold_kb", int, "offload bodies over this size"),
     ("--max-body-mb", "max_body_mb", float, "largest accepted request body"),
+    ("--placement", "placement", str, "sticky-least-loaded, consistent-hash, round-robin"),
+    ("--health-interval-s", "health_interval_s", float, "seconds between worker probes"),
+    ("--health-timeout-s", "health_timeout_s", float, "worker probe timeout"),
+    ("--unhealthy-after", "unhealthy_after", int, "consecutive failures → unhealthy"),
+    ("--healthy-after", "healthy_after", int, "consecutive probe successes → healthy"),
     ("--demo-workers", "demo_workers", int, "emulator workers started by --demo"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
 )
@@ -89,6 +94,12 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
     )
     parser.set_defaults(workers_env=[w for w in workers_env.split(",") if w.strip()])
     parser.add_argument(
+        "--sglang-session-cache",
+        action="store_true",
+        default=_env_default(env, "sglang_session_cache", _bool, False),
+        help="send the session id to SGLang each turn and /close_session on close",
+    )
+    parser.add_argument(
         "--demo",
         action="store_true",
         default=_env_default(env, "demo", _bool, False),
@@ -99,7 +110,12 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
 def settings_from_args(args: argparse.Namespace) -> Settings:
     values = {dest: getattr(args, dest) for _, dest, _, _ in _SERVE_OPTIONS}
     workers = args.workers if args.workers is not None else args.workers_env
-    return Settings(**values, workers=tuple(workers), demo=args.demo)
+    return Settings(
+        **values,
+        workers=tuple(workers),
+        demo=args.demo,
+        sglang_session_cache=args.sglang_session_cache,
+    )
 
 
 async def serve(settings: Settings) -> None:

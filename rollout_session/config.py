@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["KNOWN_ROLES", "Settings"]
+from .placement import PLACEMENTS
+
+__all__ = ["KNOWN_ROLES", "WORKER_URL", "Settings"]
 
 # Roles a request may carry. "developer" is OpenAI's newer name for system.
 KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-_URL = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
+WORKER_URL = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +45,14 @@ class Settings:
     cpu_threads: int = 2
     offload_threshold_kb: int = 256
     max_body_mb: float = 64.0
+    # Placement policy: sticky-least-loaded, consistent-hash or round-robin.
+    placement: str = "sticky-least-loaded"
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 2.0
+    unhealthy_after: int = 3
+    healthy_after: int = 2
+    # Send each turn's session id to SGLang and /close_session on close.
+    sglang_session_cache: bool = False
     demo: bool = False
     demo_workers: int = 1
     log_level: str = "info"
@@ -51,7 +61,7 @@ class Settings:
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         for url in self.workers:
-            if not _URL.match(url):
+            if not WORKER_URL.match(url):
                 raise ValueError(f"worker URL must be http(s)://host[:port][/path]: {url!r}")
         object.__setattr__(self, "workers", tuple(u.rstrip("/") for u in self.workers))
         unknown = self.append_roles - KNOWN_ROLES
@@ -63,7 +73,17 @@ class Settings:
         _positive("upstream_timeout_s", self.upstream_timeout_s)
         _positive("connect_timeout_s", self.connect_timeout_s)
         _positive("max_body_mb", self.max_body_mb)
-        for name in ("upstream_max_connections", "cpu_threads", "demo_workers"):
+        _positive("health_interval_s", self.health_interval_s)
+        _positive("health_timeout_s", self.health_timeout_s)
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
+        for name in (
+            "upstream_max_connections",
+            "cpu_threads",
+            "demo_workers",
+            "unhealthy_after",
+            "healthy_after",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_rollback_turns < 0:

@@ -17,7 +17,8 @@ import trio
 from .config import Settings
 from .sessions import SessionRegistry
 from .tokenization import ChatTokenizer
-from .upstream import ModelInfo, Upstream
+from .upstream import ModelInfo
+from .workers import WorkerPool
 
 __all__ = ["ServerContext"]
 
@@ -28,7 +29,7 @@ T = TypeVar("T")
 class ServerContext:
     settings: Settings
     registry: SessionRegistry
-    pool: Upstream
+    pool: WorkerPool
     cpu_limiter: trio.CapacityLimiter
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Set during startup (before serving): loading needs the worker's answer.

@@ -13,7 +13,7 @@ Tree::
     │   ├── InvalidRequest, TrajectoryDiverged, ContextLengthExceeded
     │   ├── Unauthorized, RouteNotFound, MethodNotAllowed
     │   ├── SessionNotFound, SessionClosing, SessionBusy, SessionExists
-    │   ├── RequestTooLarge, TooManySessions
+    │   ├── RequestTooLarge, TooManySessions, WorkerExists, WorkerNotFound
     └── ServerError (5xx)
         ├── UpstreamError, UpstreamMalformed, UpstreamTimeout, NoHealthyWorker
         └── InvariantViolated, InternalError
@@ -47,6 +47,8 @@ __all__ = [
     "UpstreamError",
     "UpstreamMalformed",
     "UpstreamTimeout",
+    "WorkerExists",
+    "WorkerNotFound",
     "error_body",
 ]
 
@@ -160,6 +162,18 @@ class RequestTooLarge(ClientError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers={"Connection": "close"})
+
+
+class WorkerExists(ClientError):
+    status_code = 409
+    code = "worker_exists"
+    error_type = "conflict_error"
+
+
+class WorkerNotFound(ClientError):
+    status_code = 404
+    code = "worker_not_found"
+    error_type = "not_found_error"
 
 
 class TooManySessions(ClientError):

@@ -4,6 +4,9 @@ Everything is checked before a worker is involved, so a bad request costs no
 GPU time and never touches the session's trajectory. Fields we do not know are
 kept and forwarded (agents pass SGLang extras such as ``top_k`` via
 ``extra_body``); fields the server owns are overwritten when forwarding.
+
+`peek_stream_mode` re-reads only the streaming fields of a request that a turn
+has already accepted, for the route that turns the answer into SSE.
 """
 
 from __future__ import annotations
@@ -12,12 +15,27 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from .errors import InvalidRequest
 from .messages import Message, normalize_messages
 
-__all__ = ["ChatRequest", "parse_chat_request", "parse_json_object"]
+__all__ = [
+    "ChatRequest",
+    "StreamMode",
+    "parse_chat_request",
+    "parse_json_object",
+    "peek_stream_mode",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMode:
+    """What a ``stream: true`` request asks of its SSE answer."""
+
+    include_usage: bool = False  # stream_options.include_usage: a final usage chunk
+    logprobs: bool = False  # the agent asked for logprobs: stream them too
 
 
 @dataclass(slots=True)
@@ -28,6 +46,7 @@ class ChatRequest:
     chat_template_kwargs: dict[str, Any]
     max_tokens: int | None
     stream: bool
+    stream_mode: StreamMode | None = None  # set exactly when stream is true
 
 
 def _is_int(value: Any) -> bool:
@@ -84,6 +103,26 @@ def _check_stop(stop: Any) -> None:
         raise InvalidRequest("stop must be a string or a list of strings", param="stop")
 
 
+def _check_stream_options(raw: dict[str, Any]) -> bool:
+    """Validate ``stream_options``; return ``include_usage``.
+
+    Accepted (and ignored) without ``stream: true``, unlike OpenAI: agent
+    frameworks that always send it would otherwise fail every plain turn.
+    Unknown keys are accepted for newer SDKs' options.
+    """
+    options = raw.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise InvalidRequest("stream_options must be an object", param="stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise InvalidRequest(
+            "stream_options.include_usage must be a boolean", param="stream_options.include_usage"
+        )
+    return bool(include_usage)
+
+
 def parse_json_object(body: bytes) -> dict[str, Any]:
     """A request body that must be one JSON object (NaN/Infinity rejected)."""
     try:
@@ -104,8 +143,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     stream = raw.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", param="stream")
-    if stream:
-        raise InvalidRequest("stream=true is not supported yet", param="stream")
+    include_usage = _check_stream_options(raw)
     max_tokens = _check_int(raw, "max_tokens", 1, 2**31 - 1)
     max_completion = _check_int(raw, "max_completion_tokens", 1, 2**31 - 1)
     _check_number(raw, "temperature", 0.0, 2.0)
@@ -133,4 +171,39 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         chat_template_kwargs=kwargs,
         max_tokens=max_completion if max_completion is not None else max_tokens,
         stream=stream,
+        stream_mode=StreamMode(include_usage, raw.get("logprobs") is True) if stream else None,
+    )
+
+
+class _StreamOptionsFields(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class _StreamFields(msgspec.Struct):
+    stream: bool | None = None
+    stream_options: _StreamOptionsFields | None = None
+    logprobs: bool | None = None
+
+
+# Unknown fields (messages, tools …) are skipped without building Python
+# objects: 0.23 ms vs 0.40 ms for orjson.loads on a 400 kB conversation.
+_STREAM_FIELDS = msgspec.json.Decoder(_StreamFields)
+
+
+def peek_stream_mode(body: bytes) -> StreamMode | None:
+    """The stream mode of a body `parse_chat_request` already accepted.
+
+    The turn path parses the request inside the session's slot and does not
+    hand it back; this reads only the three fields the SSE needs.
+    """
+    try:
+        fields = _STREAM_FIELDS.decode(body)
+    except msgspec.DecodeError:
+        # msgspec and orjson disagree on some edge of JSON: take the slow, sure path.
+        return parse_chat_request(body).stream_mode
+    if not fields.stream:
+        return None
+    options = fields.stream_options
+    return StreamMode(
+        include_usage=bool(options and options.include_usage), logprobs=fields.logprobs is True
     )

@@ -17,10 +17,11 @@ from werkzeug.datastructures import Headers
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from .context import ServerContext
-from .errors import InvalidRequest, RequestTooLarge, SessionClosing, UpstreamError
+from .errors import InvalidRequest, RequestTooLarge, SessionClosing
 from .export import ExportStatus, export_document, serialize
-from .protocol import parse_json_object
+from .protocol import parse_json_object, peek_stream_mode
 from .sessions import SessionState
+from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS, sse_body
 from .turns import run_turn
 
 __all__ = ["register_routes"]
@@ -140,13 +141,21 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
             await slot.done.wait()
         session.closed_at = registry.clock()
         registry.remove(session)
-        ctx.pool.release_session(session.worker)
+        ctx.pool.release_session(session)
         return await document_response(ctx, export_document(session, "closed"))
 
     @app.post("/sessions/<session_id>/v1/chat/completions")
     async def chat_completions(session_id: str) -> Response:
         body = await read_body()
+        # The turn is committed and its slot released when run_turn returns:
+        # an agent that goes away while the SSE is sent loses nothing.
         reply = await run_turn(ctx, session_id, body)
+        # Errors (ours, raised above, or the worker's non-200) stay JSON with
+        # their status, streaming or not, so SDKs raise the typed exception.
+        mode = await ctx.offload(len(body), peek_stream_mode, body) if reply.status == 200 else None
+        if mode is not None:
+            events = await ctx.offload(len(reply.body), sse_body, reply.body, mode)
+            return Response(events, headers=SSE_HEADERS, content_type=SSE_CONTENT_TYPE)
         headers = Headers([(k, v) for k, v in reply.headers if k.lower() != "content-type"])
         content_type = next(
             (v for k, v in reply.headers if k.lower() == "content-type"), "application/json"
@@ -156,11 +165,11 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.get("/sessions/<session_id>/v1/models")
     async def list_models(session_id: str) -> Response:
         registry.get(session_id)
-        if ctx.model_info is None:
-            ctx.model_info = await ctx.pool.model_info()
         info = ctx.model_info
         if info is None:
-            raise UpstreamError("the worker did not report its model")
+            # Startup could not reach the worker; ask now and keep the answer
+            # (the served model does not change under a running server).
+            info = ctx.model_info = await ctx.pool.model_info()
         return json_response(
             {
                 "object": "list",

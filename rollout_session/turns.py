@@ -36,7 +36,7 @@ __all__ = ["TurnPlan", "commit_turn", "plan_turn", "run_turn"]
 
 # Fields the server owns in the upstream request (DESIGN §4.1 step 4).
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
-_DROPPED = ("stream_options", "input_ids")
+_DROPPED = ("stream_options", "input_ids", "session_id", "session_params")
 
 
 @dataclass(slots=True)
@@ -115,9 +115,15 @@ def plan_turn(session: Session, request: ChatRequest, ctx: ServerContext) -> Tur
     return TurnPlan(keep, incoming, request.tools, prompt, input_ids)
 
 
-def upstream_body(request: ChatRequest, plan: TurnPlan, model: str | None) -> bytes:
+def upstream_body(
+    request: ChatRequest, plan: TurnPlan, model: str | None, session_hint: str | None
+) -> bytes:
     body = {k: v for k, v in request.raw.items() if k not in _DROPPED}
     body.update(_FORCED)
+    if session_hint is not None:
+        # SGLang's stable per-session identity (kept with the session's KV);
+        # unlike `session_params` it does not alter the prompt.
+        body["session_id"] = session_hint
     body["input_ids"] = plan.input_ids
     body["rid"] = uuid.uuid4().hex
     if model and not isinstance(body.get("model"), str):
@@ -195,11 +201,9 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
             param="messages",
         )
     model = ctx.model_info.model if ctx.model_info else None
-    payload = upstream_body(request, plan, model)
-    # Pinning is placement, not trajectory: it holds even if this turn fails.
-    worker = ctx.pool.pick(session.worker)
-    session.worker = worker.url
-    reply = await ctx.pool.send(worker, session.id, payload)
+    session_hint = session.id if ctx.settings.sglang_session_cache else None
+    payload = upstream_body(request, plan, model, session_hint)
+    reply = await ctx.pool.chat(session, payload)
     if reply.status != 200:
         # The worker's own error (e.g. SGLang's 400 for a long prompt) is the
         # agent's answer; nothing is committed.

@@ -58,18 +58,59 @@ def chat_tokenizers(hf_tokenizer: Any) -> dict[str, ChatTokenizer]:
 
 
 @dataclass
+class Worker:
+    """An emulator worker that a test can kill abruptly (like a crashed process)
+    and start again on the same port."""
+
+    server: RunningServer
+    emulator: Emulator
+    scope: trio.CancelScope
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def kill(self) -> None:
+        self.scope.cancel()
+
+
+async def spawn_worker(
+    nursery: trio.Nursery, model: TextModel, config: EmulatorConfig, port: int = 0
+) -> Worker:
+    async def host(task_status: trio.TaskStatus[Worker]) -> None:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as inner:
+                server, emulator = await start_emulator(inner, config, model=model, port=port)
+                task_status.started(Worker(server, emulator, scope))
+
+    worker: Worker = await nursery.start(host)
+    return worker
+
+
+@dataclass
 class Stack:
-    """One emulator worker behind one session server."""
+    """Emulator workers behind one session server."""
 
     url: str
     ctx: ServerContext
-    emulator: Emulator
-    emulator_server: RunningServer
+    workers: list[Worker]
     client: httpx.AsyncClient
 
     @property
+    def emulator(self) -> Emulator:
+        return self.workers[0].emulator
+
+    @property
+    def emulator_server(self) -> RunningServer:
+        return self.workers[0].server
+
+    @property
     def emulator_url(self) -> str:
-        return self.emulator_server.url
+        return self.workers[0].url
 
     async def create(self, **body: Any) -> str:
         response = await self.client.post("/sessions", json=body)
@@ -103,23 +144,31 @@ async def make_stack(
     servers: list[RunningServer] = []
 
     async def factory(
-        *, template: str = "chatml", emulator: EmulatorConfig | None = None, **settings: Any
+        *,
+        template: str = "chatml",
+        emulator: EmulatorConfig | None = None,
+        num_workers: int = 1,
+        **settings: Any,
     ) -> Stack:
-        running, emu = await start_emulator(nursery, emulator or EmulatorConfig(), model=text_model)
+        workers = [
+            await spawn_worker(nursery, text_model, emulator or EmulatorConfig(seed=i))
+            for i in range(num_workers)
+        ]
         app = create_app(
-            Settings(workers=(running.url,), port=0, **settings),
+            Settings(workers=tuple(w.url for w in workers), port=0, **settings),
             tokenizer=chat_tokenizers[template],
         )
         server = await start_server(nursery, app)
-        servers.extend([server, running])  # shut down the server before its worker
+        servers.append(server)
         client = httpx.AsyncClient(base_url=server.url, timeout=30)
         clients.append(client)
-        return Stack(server.url, server_context(app), emu, running, client)
+        return Stack(server.url, server_context(app), workers, client)
 
     yield factory
     for client in clients:
         await client.aclose()
-    # Graceful: the app's after_serving closes its worker clients.
+    # Graceful: the app's after_serving closes its worker clients. Workers go
+    # with the test's nursery.
     for server in servers:
         await server.aclose()
 

@@ -1,0 +1,40 @@
+"""Operator routes: the worker pool at run time (DESIGN §3, §7).
+
+``GET /workers`` shows the pool, ``POST /workers {"url"}`` adds a worker,
+``DELETE /workers?url=`` drains one (no new pins, in-flight turns finish) and
+removes it; its sessions re-pin on their next turn.
+"""
+
+from __future__ import annotations
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from .config import WORKER_URL
+from .context import ServerContext
+from .errors import InvalidRequest
+from .routes import json_response, read_json_object
+
+__all__ = ["register_admin_routes"]
+
+
+def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
+    pool = ctx.pool
+
+    @app.get("/workers")
+    async def list_workers() -> Response:
+        return json_response({"workers": [w.summary() for w in pool.workers.values()]})
+
+    @app.post("/workers")
+    async def add_worker() -> Response:
+        url = (await read_json_object(optional=False)).get("url")
+        if not isinstance(url, str) or not WORKER_URL.match(url):
+            raise InvalidRequest("url must be an http(s)://host[:port] base URL", param="url")
+        return json_response(pool.add(url).summary(), status=201)
+
+    @app.delete("/workers")
+    async def remove_worker() -> Response:
+        url = request.args.get("url")
+        if not url:
+            raise InvalidRequest("the url query parameter is required", param="url")
+        return json_response((await pool.remove(url)).summary())
