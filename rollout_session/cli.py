@@ -100,6 +100,12 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
         help="send the session id to SGLang each turn and /close_session on close",
     )
     parser.add_argument(
+        "--routed-experts",
+        action="store_true",
+        default=_env_default(env, "routed_experts", _bool, False),
+        help="record MoE routed experts per token (R3), asking only for new positions",
+    )
+    parser.add_argument(
         "--demo",
         action="store_true",
         default=_env_default(env, "demo", _bool, False),
@@ -115,6 +121,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         workers=tuple(workers),
         demo=args.demo,
         sglang_session_cache=args.sglang_session_cache,
+        routed_experts=args.routed_experts,
     )
 
 
@@ -150,6 +157,7 @@ async def _start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Sett
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from . import bulk_export
     from .testing import emulator_cli
 
     parser = argparse.ArgumentParser(prog="rollout-session", description=__doc__)
@@ -158,9 +166,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     _add_serve_arguments(serve_parser, os.environ)
     emulator_parser = commands.add_parser("emulator", help="run the SGLang emulator worker")
     emulator_cli.add_arguments(emulator_parser)
+    export_parser = commands.add_parser("export", help="bulk-export sessions to JSONL/Parquet")
+    bulk_export.add_arguments(export_parser)
     args = parser.parse_args(argv)
     if args.command == "emulator":
         emulator_cli.run(args)
+        return
+    if args.command == "export":
+        bulk_export.run(args)
         return
     try:
         settings = settings_from_args(args)

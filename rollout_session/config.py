@@ -53,6 +53,8 @@ class Settings:
     healthy_after: int = 2
     # Send each turn's session id to SGLang and /close_session on close.
     sglang_session_cache: bool = False
+    # R3: ask workers for routed experts of new positions; store and export them.
+    routed_experts: bool = False
     demo: bool = False
     demo_workers: int = 1
     log_level: str = "info"

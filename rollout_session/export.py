@@ -1,31 +1,77 @@
-"""The export document (DESIGN §6), serialised straight from the compact store.
+"""What the trainer gets: the export document (DESIGN §6) and the sample view.
 
 `export_document` runs on the event loop and copies the token arrays (a
 memcpy, ~9 bytes per token) so the document is a consistent snapshot even if
 the session commits or rolls back a turn meanwhile; `serialize` may then run
 on a worker thread. Token arrays go to orjson as numpy arrays
 (``OPT_SERIALIZE_NUMPY``): no per-token Python objects on the way out.
+
+Optional parts (``?include=turns,messages,routed_experts``) let a trainer skip
+what it does not need; the default is the whole document.
+
+The sample view (``?format=sample``) uses the field names of slime/miles'
+``Sample``: ``tokens`` (prompt + response), ``response_length``, and
+``loss_mask`` / ``rollout_log_probs`` over the response part only (tool
+results and other observations inside the response have mask 0).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import base64
+from collections.abc import Iterable
+from typing import Any, Final, Literal
 
 import orjson
 
+from .errors import InvalidRequest
 from .sessions import Session
 
-__all__ = ["SCHEMA_VERSION", "ExportStatus", "export_document", "serialize"]
+__all__ = [
+    "DEFAULT_PARTS",
+    "OPTIONAL_PARTS",
+    "SCHEMA_VERSION",
+    "ExportStatus",
+    "export_document",
+    "parse_include",
+    "sample_view",
+    "serialize",
+]
 
 SCHEMA_VERSION = 1
 ExportStatus = Literal["open", "closed", "expired"]
+OPTIONAL_PARTS: Final = frozenset({"turns", "messages", "routed_experts"})
+DEFAULT_PARTS: Final = OPTIONAL_PARTS
+
+# Sample.Status of slime/miles from the last turn's finish reason.
+_SAMPLE_STATUS: Final = {
+    "stop": "completed",
+    "tool_calls": "completed",
+    "length": "truncated",
+    "abort": "aborted",
+}
 
 
-def export_document(session: Session, status: ExportStatus) -> dict[str, Any]:
+def parse_include(raw: str | None) -> frozenset[str]:
+    if raw is None:
+        return DEFAULT_PARTS
+    parts = frozenset(p.strip() for p in raw.split(",") if p.strip())
+    unknown = parts - OPTIONAL_PARTS
+    if unknown:
+        raise InvalidRequest(
+            f"unknown include part(s) {sorted(unknown)}; known: {sorted(OPTIONAL_PARTS)}",
+            param="include",
+        )
+    return parts
+
+
+def export_document(
+    session: Session, status: ExportStatus, include: Iterable[str] = DEFAULT_PARTS
+) -> dict[str, Any]:
     trajectory = session.trajectory
     tokens = trajectory.tokens
     turns = trajectory.turns
-    return {
+    parts = frozenset(include)
+    doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "session_id": session.id,
         "status": status,
@@ -37,7 +83,9 @@ def export_document(session: Session, status: ExportStatus) -> dict[str, Any]:
         "loss_mask": tokens.mask.copy(),
         "logprobs": tokens.logprobs.copy(),
         "prompt_length": turns[0].completion_start if turns else len(tokens),
-        "turns": [
+    }
+    if "turns" in parts:
+        doc["turns"] = [
             {
                 "index": t.index,
                 "prompt_start": t.prompt_start,
@@ -51,9 +99,36 @@ def export_document(session: Session, status: ExportStatus) -> dict[str, Any]:
                 "created_at": t.created_at,
             }
             for t in turns
-        ],
+        ]
+    if "messages" in parts:
         # Commits replace this list, never mutate it: a reference is a snapshot.
-        "messages": session.messages,
+        doc["messages"] = session.messages
+    if "routed_experts" in parts and trajectory.experts_width is not None:
+        width = trajectory.experts_width
+        doc["routed_experts"] = {
+            "dtype": "int32",
+            # [positions, values per position]; values = layers × top-k of the model.
+            "shape": [len(trajectory.experts) // (4 * width), width],
+            "data": base64.b64encode(trajectory.experts).decode("ascii"),
+        }
+    return doc
+
+
+def sample_view(session: Session) -> dict[str, Any]:
+    """The trajectory as one RL sample (slime/miles field names)."""
+    trajectory = session.trajectory
+    tokens = trajectory.tokens
+    turns = trajectory.turns
+    start = turns[0].completion_start if turns else len(tokens)
+    last = turns[-1].finish_reason if turns else None
+    return {
+        "session_id": session.id,
+        "tokens": tokens.ids.copy(),
+        "response_length": len(tokens) - start,
+        "loss_mask": tokens.mask[start:].copy(),
+        "rollout_log_probs": tokens.logprobs[start:].copy(),
+        "status": _SAMPLE_STATUS.get(last or "", "pending" if not turns else "completed"),
+        "metadata": session.metadata,
     }
 
 

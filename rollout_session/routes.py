@@ -18,7 +18,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from .context import ServerContext
 from .errors import InvalidRequest, RequestTooLarge, SessionClosing
-from .export import ExportStatus, export_document, serialize
+from .export import ExportStatus, export_document, parse_include, sample_view, serialize
 from .protocol import parse_json_object, peek_stream_mode
 from .sessions import SessionState
 from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS, sse_body
@@ -33,9 +33,9 @@ def json_response(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status=status, content_type="application/json")
 
 
-async def document_response(ctx: ServerContext, doc: dict[str, Any]) -> Response:
+async def document_response(ctx: ServerContext, doc: dict[str, Any], num_tokens: int) -> Response:
     # ~20 bytes of JSON per token: decide on the thread hop by that size.
-    body = await ctx.offload(len(doc["token_ids"]) * 20, serialize, doc)
+    body = await ctx.offload(num_tokens * 20, serialize, doc)
     return Response(body, content_type="application/json")
 
 
@@ -126,11 +126,19 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.get("/sessions/<session_id>/trajectory")
     async def get_trajectory(session_id: str) -> Response:
         session = registry.get(session_id)
-        status: ExportStatus = "expired" if session.state is SessionState.EXPIRED else "open"
-        return await document_response(ctx, export_document(session, status))
+        view = request.args.get("format", "document")
+        if view == "sample":
+            doc = sample_view(session)
+        elif view == "document":
+            status: ExportStatus = "expired" if session.state is SessionState.EXPIRED else "open"
+            doc = export_document(session, status, parse_include(request.args.get("include")))
+        else:
+            raise InvalidRequest("format must be 'document' or 'sample'", param="format")
+        return await document_response(ctx, doc, len(session.trajectory))
 
     @app.delete("/sessions/<session_id>")
     async def close_session(session_id: str) -> Response:
+        include = parse_include(request.args.get("include"))
         session = registry.get(session_id)
         if session.state is SessionState.CLOSING:
             raise SessionClosing(f"session {session.id} is already being closed")
@@ -142,7 +150,8 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
         session.closed_at = registry.clock()
         registry.remove(session)
         ctx.pool.release_session(session)
-        return await document_response(ctx, export_document(session, "closed"))
+        doc = export_document(session, "closed", include)
+        return await document_response(ctx, doc, len(session.trajectory))
 
     @app.post("/sessions/<session_id>/v1/chat/completions")
     async def chat_completions(session_id: str) -> Response:

@@ -10,6 +10,11 @@ Invariants (checked by `Trajectory.check`, relied on by export):
 
 Storage is 9 bytes per token (int32 id, float32 logprob, uint8 mask) in
 over-allocated numpy buffers (growth factor 1.25), so ≤ 16 B/token with slack.
+
+Routed experts (R3, opt-in) are one int32 blob of ``width`` values per
+forwarded position. Every turn forwards all tokens but the last sampled one,
+so after a turn the blob covers exactly ``len(tokens) - 1`` positions; each
+turn asks the worker only for positions past what is stored (O(N) in total).
 """
 
 from __future__ import annotations
@@ -120,11 +125,18 @@ class Turn:
 class Trajectory:
     """Token sequence and turn records of one session."""
 
-    __slots__ = ("tokens", "turns")
+    __slots__ = ("experts", "experts_width", "tokens", "turns")
 
     def __init__(self) -> None:
         self.tokens = TokenBuffer()
         self.turns: list[Turn] = []
+        # Little-endian int32 routed-expert ids, `experts_width` per position.
+        self.experts = bytearray()
+        self.experts_width: int | None = None
+
+    def expert_positions(self, num_turns: int) -> int:
+        """Positions with routed experts once `num_turns` turns are kept."""
+        return max(self.length_after(num_turns) - 1, 0)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -145,17 +157,24 @@ class Trajectory:
         sampled_ids: IdArray,
         sampled_logprobs: LogprobArray,
         turn: Turn,
+        experts: bytes | None = None,
+        experts_width: int | None = None,
     ) -> None:
         """Drop turns past `keep_turns` (rollback), then append one turn.
 
         Plain synchronous code: the caller holds the session's turn slot, so no
         other task can observe the trajectory between truncation and append.
         """
+        if experts is not None and self.experts_width is not None:
+            del self.experts[self.expert_positions(keep_turns) * 4 * self.experts_width :]
         del self.turns[keep_turns:]
         self.tokens.truncate(self.length_after(keep_turns))
         self.tokens.append_prompt(prompt_ids)
         self.tokens.append_sampled(sampled_ids, sampled_logprobs)
         self.turns.append(turn)
+        if experts is not None:
+            self.experts += experts
+            self.experts_width = experts_width
 
     def check(self) -> str | None:
         """Return a description of the first broken invariant, or None."""

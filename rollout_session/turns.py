@@ -30,13 +30,20 @@ from .sessions import Session, SessionState, TurnSlot
 from .tokenization import missing_turn_end
 from .trajectory import IdArray, Turn
 from .upstream import UpstreamReply
-from .validation import WorkerAnswer, parse_worker_answer
+from .validation import WorkerAnswer, decode_routed_experts, parse_worker_answer
 
 __all__ = ["TurnPlan", "commit_turn", "plan_turn", "run_turn"]
 
 # Fields the server owns in the upstream request (DESIGN §4.1 step 4).
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
-_DROPPED = ("stream_options", "input_ids", "session_id", "session_params")
+_DROPPED = (
+    "stream_options",
+    "input_ids",
+    "session_id",
+    "session_params",
+    "return_routed_experts",
+    "routed_experts_start_len",
+)
 
 
 @dataclass(slots=True)
@@ -48,6 +55,7 @@ class TurnPlan:
     tools: list[Any] | None
     prompt_ids: list[int]  # appended with mask 0 before the sampled ids
     input_ids: IdArray  # everything the worker is sent
+    experts_start: int = 0  # positions whose routed experts are already stored
 
 
 def _diverged_roles(new: list[Message], allowed: frozenset[str], offset: int) -> int | None:
@@ -112,14 +120,25 @@ def plan_turn(session: Session, request: ChatRequest, ctx: ServerContext) -> Tur
     prompt = missing_turn_end(trajectory.sampled_ids(keep - 1), turn_end) + delta
     kept = trajectory.tokens.ids[: trajectory.length_after(keep)]
     input_ids = np.concatenate([kept, np.asarray(prompt, np.int32)])
-    return TurnPlan(keep, incoming, request.tools, prompt, input_ids)
+    return TurnPlan(
+        keep, incoming, request.tools, prompt, input_ids, trajectory.expert_positions(keep)
+    )
 
 
 def upstream_body(
-    request: ChatRequest, plan: TurnPlan, model: str | None, session_hint: str | None
+    request: ChatRequest,
+    plan: TurnPlan,
+    model: str | None,
+    *,
+    session_hint: str | None,
+    routed_experts: bool,
 ) -> bytes:
     body = {k: v for k, v in request.raw.items() if k not in _DROPPED}
     body.update(_FORCED)
+    if routed_experts:
+        # Only positions not stored yet: O(new tokens) per turn, not O(history).
+        body["return_routed_experts"] = True
+        body["routed_experts_start_len"] = plan.experts_start
     if session_hint is not None:
         # SGLang's stable per-session identity (kept with the session's KV);
         # unlike `session_params` it does not alter the prompt.
@@ -138,6 +157,7 @@ def commit_turn(
     answer: WorkerAnswer,
     reply: UpstreamReply,
     now: float,
+    experts: tuple[bytes, int] | None = None,
 ) -> Turn:
     """Apply the plan: rollback (if any), prompt delta, sampled ids, history."""
     if session.state is not SessionState.OPEN or session.slot is not slot:
@@ -166,6 +186,8 @@ def commit_turn(
         sampled_ids=answer.ids,
         sampled_logprobs=answer.logprobs,
         turn=turn,
+        experts=experts[0] if experts else None,
+        experts_width=experts[1] if experts else None,
     )
     session.messages = [
         *plan.messages,
@@ -202,7 +224,13 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
         )
     model = ctx.model_info.model if ctx.model_info else None
     session_hint = session.id if ctx.settings.sglang_session_cache else None
-    payload = upstream_body(request, plan, model, session_hint)
+    payload = upstream_body(
+        request,
+        plan,
+        model,
+        session_hint=session_hint,
+        routed_experts=ctx.settings.routed_experts,
+    )
     reply = await ctx.pool.chat(session, payload)
     if reply.status != 200:
         # The worker's own error (e.g. SGLang's 400 for a long prompt) is the
@@ -215,6 +243,13 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
         sent_prompt_tokens=len(plan.input_ids),
         vocab_size=ctx.ready_tokenizer.vocab_size,
     )
+    experts = None
+    if ctx.settings.routed_experts:
+        experts = decode_routed_experts(
+            answer.routed_experts,
+            positions=len(plan.input_ids) + len(answer.ids) - 1 - plan.experts_start,
+            width=session.trajectory.experts_width if plan.keep_turns else None,
+        )
     # No await from here on: the state check and the commit are one step.
-    commit_turn(session, slot, plan, answer, reply, ctx.registry.clock())
+    commit_turn(session, slot, plan, answer, reply, ctx.registry.clock(), experts)
     return reply

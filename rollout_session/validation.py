@@ -13,6 +13,8 @@ is large. It never mutates session state.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import re
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ import numpy as np
 from .errors import UpstreamMalformed
 from .trajectory import IdArray, LogprobArray
 
-__all__ = ["WorkerAnswer", "answer_decoder", "parse_worker_answer"]
+__all__ = ["WorkerAnswer", "answer_decoder", "decode_routed_experts", "parse_worker_answer"]
 
 # Logprobs are ≤ 0; allow float noise from the sampler's log-softmax.
 LOGPROB_EPSILON = 1e-4
@@ -70,6 +72,7 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
             ("cached_tokens", int | None, None),
             ("finish_reason", _FinishReason | None, None),
             ("weight_version", str | None, None),
+            ("routed_experts", str | None, None),
         ],
     )
     Choice = msgspec.defstruct(
@@ -108,6 +111,8 @@ class WorkerAnswer:
     cached_tokens: int | None
     weight_version: str | None
     model: str | None
+    # Base64 routed-expert ids for the positions asked for (R3), unparsed.
+    routed_experts: str | None = None
 
 
 _PATH = re.compile(r"at `\$([^`]*)`")
@@ -171,4 +176,37 @@ def parse_worker_answer(body: bytes, *, sent_prompt_tokens: int, vocab_size: int
         cached_tokens=meta.cached_tokens,
         weight_version=meta.weight_version,
         model=answer.model,
+        routed_experts=meta.routed_experts,
     )
+
+
+def decode_routed_experts(
+    blob: str | None, *, positions: int, width: int | None
+) -> tuple[bytes, int] | None:
+    """Check a routed-experts delta covering `positions` new positions.
+
+    Returns (little-endian int32 bytes, values per position), or None when the
+    worker sent none (a dense model). `width` is what earlier turns had.
+    """
+    if blob is None:
+        if width is not None:
+            raise UpstreamMalformed("worker stopped sending routed_experts", kind="routed_experts")
+        return None
+    try:
+        data = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError):
+        raise UpstreamMalformed("routed_experts is not base64", kind="routed_experts") from None
+    values, rest = divmod(len(data), 4)
+    if rest or (values == 0) != (positions == 0) or (positions and values % positions):
+        raise UpstreamMalformed(
+            f"routed_experts has {len(data)} bytes for {positions} positions",
+            kind="routed_experts",
+        )
+    if not positions:
+        return None if width is None else (b"", width)
+    if width is not None and values // positions != width:
+        raise UpstreamMalformed(
+            f"routed_experts width changed from {width} to {values // positions}",
+            kind="routed_experts",
+        )
+    return data, values // positions

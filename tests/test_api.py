@@ -86,7 +86,7 @@ BAD_CHAT: list[tuple[str, Any, int, str]] = [
     ("stop-int", {"messages": USER, "stop": 3}, 400, "invalid_request"),
     ("tools-not-list", {"messages": USER, "tools": {"a": 1}}, 400, "invalid_request"),
     ("tool-no-name", {"messages": USER, "tools": [{"type": "function"}]}, 400, "invalid_request"),
-    ("stream", {"messages": USER, "stream": True}, 400, "invalid_request"),
+    ("stream-str", {"messages": USER, "stream": "yes"}, 400, "invalid_request"),
     (
         "tool-call-args-int",
         {

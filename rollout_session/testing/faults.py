@@ -63,6 +63,7 @@ FAULTS: Final = (
     "prompt_tokens_mismatch",  # prompt_tokens one more than sent
     "stall",  # never answers
     "drop_connection",  # 200 with Content-Length, half the body, then the connection drops
+    "abort",  # a valid 200 whose request was aborted mid-decode (finish_reason abort)
 )
 # Faults that answer without generating anything.
 EARLY_FAULTS: Final = frozenset({"http_500", "http_400", "stall"})
@@ -159,6 +160,19 @@ def _drop_meta_info(response: dict[str, Any]) -> None:
 
 
 # (edit of the response dict, bytes that replace the placeholder string)
+def _abort(response: dict[str, Any]) -> None:
+    # SGLang answers an aborted request with what it decoded so far.
+    choice = response["choices"][0]
+    meta = choice["meta_info"]
+    meta["output_token_logprobs"].pop()
+    meta["completion_tokens"] -= 1
+    meta["finish_reason"] = {"type": "abort", "message": "Abort in waiting queue"}
+    choice["finish_reason"] = "abort"
+    choice.pop("matched_stop", None)
+    response["usage"]["completion_tokens"] -= 1
+    response["usage"]["total_tokens"] -= 1
+
+
 _EDITS: Final[dict[str, tuple[Callable[[dict[str, Any]], None], bytes | None]]] = {
     "nan_logprob": (_set_logprob(_PLACEHOLDER), b"NaN"),
     "infinity_logprob": (_set_logprob(_PLACEHOLDER), b"Infinity"),
@@ -169,6 +183,7 @@ _EDITS: Final[dict[str, tuple[Callable[[dict[str, Any]], None], bytes | None]]] 
     "length_mismatch": (_bump("completion_tokens"), None),
     "prompt_tokens_mismatch": (_bump("prompt_tokens"), None),
     "missing_meta_info": (_drop_meta_info, None),
+    "abort": (_abort, None),
 }
 
 

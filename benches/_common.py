@@ -1,0 +1,290 @@
+"""Shared helpers for the benchmarks in this directory (not a benchmark itself).
+
+- `Child`: a separate process (emulator, session server, proxy, probe) started
+  with its command line, found by its "listening on URL" line, stopped with
+  SIGTERM; its CPU time and RSS are read from ``/proc``.
+- `health_probe`: a separate process polling ``GET /health`` while a load runs,
+  so the probe's own timing is not skewed by the load generator's event loop.
+- `profile`: py-spy attached to a child for the measured window.
+- percentiles, tables, JSON results, plots.
+
+Scripts import this as ``_common`` (Python puts the script's directory first on
+``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+BENCHES = Path(__file__).resolve().parent
+PYTHON = sys.executable
+ROLLOUT = [PYTHON, "-m", "rollout_session"]
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_LOG_DIR = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+# Quieter children: no transformers advisory line on every start.
+_CHILD_ENV = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
+
+
+def tokenizer_path() -> str:
+    from rollout_session.testing import test_tokenizer_path
+
+    return str(test_tokenizer_path())
+
+
+# -- child processes ------------------------------------------------------------
+
+
+@dataclass
+class CpuSample:
+    cpu_s: float
+    wall_s: float
+
+
+@dataclass
+class Child:
+    """A benchmark child process; `url` comes from its "listening on" line."""
+
+    name: str
+    process: trio.Process
+    url: str
+    log: Path
+    _stdout: list[bytes] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process (all threads) so far."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return math.nan
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+    def memory_mib(self) -> tuple[float, float]:
+        """(current RSS, peak RSS) in MiB."""
+        values = {}
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    values[key] = int(rest.split()[0]) / 1024
+        except OSError:
+            return math.nan, math.nan
+        return values.get("VmRSS", math.nan), values.get("VmHWM", math.nan)
+
+    def sample(self) -> CpuSample:
+        return CpuSample(self.cpu_s(), time.perf_counter())
+
+    def cpu_share(self, since: CpuSample) -> float:
+        """Cores used since `since` (1.0 = one core busy all the time)."""
+        now = self.sample()
+        return (now.cpu_s - since.cpu_s) / max(now.wall_s - since.wall_s, 1e-9)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            text = ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+async def _drain(stream: trio.abc.ReceiveStream, into: list[bytes]) -> None:
+    async for chunk in stream:
+        into.append(chunk)
+
+
+@asynccontextmanager
+async def child(
+    name: str, command: Sequence[str], marker: str = "listening on", timeout_s: float = 120
+) -> Any:
+    """Start `command`, wait for its "... listening on URL" line, stop it on exit."""
+    log = _LOG_DIR / f"{name}.log"
+    with log.open("wb") as err:
+        process = await trio.lowlevel.open_process(
+            list(command), stdout=subprocess.PIPE, stderr=err, env=_CHILD_ENV
+        )
+    assert process.stdout is not None
+    running: Child | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            buffer = b""
+            with trio.move_on_after(timeout_s):
+                async for chunk in process.stdout:
+                    buffer += chunk
+                    complete = buffer.decode(errors="replace").split("\n")[:-1]
+                    for line in complete:
+                        if marker in line:
+                            running = Child(name, process, line.rsplit(" ", 1)[1], log)
+                            break
+                    if running is not None:
+                        break
+            if running is None:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} did not start: {buffer.decode()}\n{tail}")
+            nursery.start_soon(_drain, process.stdout, running._stdout)
+            try:
+                yield running
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        await stop(process)
+
+
+async def stop(process: trio.Process, grace_s: float = 10) -> None:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(grace_s):
+            await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
+def emulator_command(*flags: str) -> list[str]:
+    return [*ROLLOUT, "emulator", "--port", "0", *flags]
+
+
+def server_command(workers: Sequence[str], *flags: str) -> list[str]:
+    cmd = [*ROLLOUT, "serve", "--port", "0", "--log-level", "warning"]
+    for url in workers:
+        cmd += ["--worker", url]
+    return [*cmd, "--tokenizer", tokenizer_path(), *flags]
+
+
+def bench_command(script: str, *flags: str) -> list[str]:
+    return [PYTHON, str(BENCHES / script), *flags]
+
+
+# -- /health probe ----------------------------------------------------------------
+
+
+@asynccontextmanager
+async def health_probe(url: str, interval_s: float = 0.01) -> Any:
+    """Poll ``url/health`` from a separate process; yields a list filled on exit
+    with the latencies (seconds) seen while the block ran."""
+    latencies: list[float] = []
+    command = bench_command("_probe.py", f"{url}/health", "--interval-s", str(interval_s))
+    async with child("health-probe", command, marker="probing") as probe:
+        try:
+            yield latencies
+        finally:
+            probe.process.send_signal(signal.SIGINT)
+            with trio.move_on_after(30):
+                await probe.process.wait()
+            await trio.sleep(0.05)
+            text = b"".join(probe._stdout).decode()
+            for line in text.splitlines():
+                if line.startswith("{"):
+                    latencies.extend(json.loads(line)["latencies_s"])
+
+
+# -- profiling --------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def profile(target: Child | None, out: Path | None, rate: int = 100) -> Any:
+    """Record `target` with py-spy (collapsed stacks) while the block runs."""
+    if target is None or out is None:
+        yield None
+        return
+    spy = shutil.which("py-spy") or str(Path(PYTHON).parent / "py-spy")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [spy, "record", "-p", str(target.pid), "--format", "raw", "-r", str(rate)]
+    command += ["--nonblocking", "-o", str(out)]
+    process = await trio.lowlevel.open_process(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        yield out
+    finally:
+        process.send_signal(signal.SIGINT)
+        with trio.move_on_after(30):
+            await process.wait()
+
+
+# -- statistics and output ------------------------------------------------------------
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Percentile `q` (0..100) by linear interpolation; nan when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    at = (len(ordered) - 1) * q / 100
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def ms(value: float) -> float:
+    return value * 1000
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A Markdown table (also readable in a terminal)."""
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0].keys())
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            if math.isnan(value):
+                return "-"
+            return f"{value:.3g}" if abs(value) < 0.01 else f"{value:,.2f}"
+        return str(value)
+
+    cells = [[cell(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) + " |"
+        for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def write_json(path: Path | None, data: Any) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=float))
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot with a non-interactive backend (imported on demand)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

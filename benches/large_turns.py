@@ -1,0 +1,439 @@
+"""P1 large turns: chats/s and /health latency with ~1 MiB answers (issue 6).
+
+K concurrent agents (default 64), each running fresh sessions of ``--turns``
+turns (default 2: the second turn extends the first, exercising the
+token-in/token-out append path), ``--rounds`` sessions per agent. Two answer
+shapes (``--variants``):
+
+- ``logprobs``: ``--completion-tokens`` (30k) sampled tokens per answer, so
+  ~30k ``output_token_logprobs`` entries (~0.73 MiB with the emulator's entry
+  format, which carries no token text; SGLang's with text is ~1.3 MiB);
+- ``experts``: a 256-token answer plus a ``routed_experts`` blob of ~1.3 MiB
+  (DeepSeek-V3 shape: 61 layers x top-8, ~530 positions per turn; the second
+  turn asks only for its new positions with ``routed_experts_start_len``).
+
+Three paths (``--targets``), each its own process on loopback, in one run:
+``server`` (the session server: sessions via ``POST /sessions``), ``raw`` (the
+no-parsing passthrough proxy in ``benches/passthrough.py``: the ceiling for the
+stack) and ``direct`` (straight to the worker). ``raw-quart`` adds the same
+proxy on Quart-Trio. ``/health`` of the path's front process is polled every
+10 ms by a separate probe process during the measured window.
+
+Two upstreams (``--upstreams``): ``emulator`` (the real `rollout-session
+emulator`; it needs 100-200 ms of CPU per 30k-token answer, so on 2 cores it is
+the bottleneck of every path) and ``replay`` (``benches/replay.py`` serving an
+answer recorded from that emulator at near-zero CPU, so the numbers show the
+process in the middle). CPU per chat of every process is read from /proc.
+
+    python benches/large_turns.py                       # both variants and upstreams
+    python benches/large_turns.py --variants logprobs --upstreams replay --profile prof/
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import orjson
+import trio
+from _common import (
+    Child,
+    bench_command,
+    child,
+    emulator_command,
+    health_probe,
+    load_average,
+    ms,
+    pct,
+    profile,
+    pyplot,
+    server_command,
+    table,
+    tokenizer_path,
+    write_json,
+)
+
+TARGETS = ("server", "raw", "raw-quart", "direct")
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Message
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Answer(msgspec.Struct):
+    choices: list[_Choice]
+    usage: _Usage = msgspec.field(default_factory=_Usage)
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+# One token each (with or without a leading space) in the bundled tokenizer.
+_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
+
+
+def padding(words: int, salt: int) -> str:
+    return " ".join(_WORDS[(i * 7 + salt) % len(_WORDS)] for i in range(words))
+
+
+@dataclass
+class Variant:
+    name: str
+    emulator_flags: list[str]
+    first_message: Any  # (agent, round) -> str
+    extra: dict[str, Any]
+    routed: bool = False
+    max_tokens: int = 0
+
+
+def variants(args: argparse.Namespace) -> dict[str, Variant]:
+    logprobs = Variant(
+        name="logprobs",
+        emulator_flags=[
+            "--completion-tokens",
+            str(args.completion_tokens),
+            "--context-length",
+            str(args.context_length),
+        ],
+        first_message=lambda a, r: f"Write a very long essay, agent {a} round {r}.",
+        extra={},
+        max_tokens=args.completion_tokens,
+    )
+    experts = Variant(
+        name="experts",
+        emulator_flags=[
+            "--completion-tokens",
+            str(args.experts_completion_tokens),
+            "--routed-experts-layers",
+            str(args.experts_layers),
+            "--routed-experts-top-k",
+            str(args.experts_top_k),
+            "--routed-experts-num-experts",
+            "256",
+            "--context-length",
+            str(args.context_length),
+        ],
+        first_message=lambda a, r: padding(args.experts_prompt_words, a * 31 + r),
+        extra={"return_routed_experts": True},
+        routed=True,
+        max_tokens=args.experts_completion_tokens,
+    )
+    return {v.name: v for v in (logprobs, experts)}
+
+
+@dataclass
+class Load:
+    latencies: list[float] = field(default_factory=list)
+    bytes_in: int = 0
+    errors: list[str] = field(default_factory=list)
+    chats: int = 0
+
+
+async def agent(
+    client: httpx.AsyncClient,
+    front: str,
+    mode: str,
+    variant: Variant,
+    agent_id: int,
+    rounds: range,
+    turns: int,
+    load: Load,
+) -> None:
+    for r in rounds:
+        if mode == "server":
+            created = await client.post(f"{front}/sessions")
+            created.raise_for_status()
+            url = f"{front}{created.json()['base_url']}/chat/completions"
+        else:
+            url = f"{front}/v1/chat/completions"
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": variant.first_message(agent_id, r)}
+        ]
+        forwarded = 0
+        for turn in range(turns):
+            body: dict[str, Any] = {
+                "messages": messages,
+                "max_tokens": variant.max_tokens,
+                "seed": agent_id * 1000 + r * 10 + turn,
+                **variant.extra,
+            }
+            if variant.routed and turn:
+                body["routed_experts_start_len"] = forwarded
+            started = time.perf_counter()
+            response = await client.post(
+                url, content=orjson.dumps(body), headers={"content-type": "application/json"}
+            )
+            load.latencies.append(time.perf_counter() - started)
+            load.chats += 1
+            load.bytes_in += len(response.content)
+            if response.status_code != 200:
+                load.errors.append(f"{response.status_code}: {response.content[:200]!r}")
+                break
+            answer = _ANSWER.decode(response.content)
+            forwarded = answer.usage.prompt_tokens + answer.usage.completion_tokens
+            messages = [
+                *messages,
+                {"role": "assistant", "content": answer.choices[0].message.content},
+                {"role": "user", "content": f"Continue from step {turn}."},
+            ]
+
+
+async def run_load(
+    front: str, mode: str, variant: Variant, agents: int, rounds: range, turns: int
+) -> Load:
+    load = Load()
+    limits = httpx.Limits(max_connections=agents + 8, max_keepalive_connections=agents + 8)
+    async with (
+        httpx.AsyncClient(timeout=900, limits=limits) as client,
+        trio.open_nursery() as nursery,
+    ):
+        for a in range(agents):
+            nursery.start_soon(agent, client, front, mode, variant, a, rounds, turns, load)
+    return load
+
+
+async def record_answer(worker: str, variant: Variant, path: Path) -> int:
+    body = {
+        "messages": [{"role": "user", "content": variant.first_message(0, 0)}],
+        "max_tokens": variant.max_tokens,
+        "seed": 1,
+        **variant.extra,
+    }
+    async with httpx.AsyncClient(timeout=300) as client:
+        response = await client.post(f"{worker}/v1/chat/completions", json=body)
+    response.raise_for_status()
+    await trio.Path(path).write_bytes(response.content)
+    return len(response.content)
+
+
+def front_process(target: str, upstream: Child, args: argparse.Namespace) -> Any:
+    """The process agents talk to for `target` (a context manager; None = direct)."""
+    if target == "server":
+        command = server_command([upstream.url], *args.server_flag)
+        return child("server", command, marker="rollout-session listening on")
+    if target.startswith("raw"):
+        framework = "quart" if target == "raw-quart" else "asgi"
+        command = bench_command(
+            "passthrough.py", "--upstream", upstream.url, "--framework", framework
+        )
+        return child(target, command)
+    return contextlib.nullcontext()
+
+
+async def measure(
+    args: argparse.Namespace,
+    variant: Variant,
+    upstream_name: str,
+    upstream: Child,
+    target: str,
+) -> dict[str, Any]:
+    async with front_process(target, upstream, args) as front_child:
+        front = front_child.url if front_child else upstream.url
+        mode = "server" if target == "server" else "plain"
+        # Warm-up: connections, tokenizer caches, first-call imports.
+        await run_load(front, mode, variant, min(8, args.sessions), range(1), args.turns)
+        measured = front_child or upstream
+        rounds = range(1, 1 + args.rounds)
+        prof_path = (
+            args.profile / f"p1-{variant.name}-{upstream_name}-{target}.txt"
+            if args.profile and front_child is not None
+            else None
+        )
+        async with health_probe(measured.url, args.health_interval_s) as health:
+            front0, up0 = measured.sample(), upstream.sample()
+            cpu0 = time.process_time()
+            started = time.perf_counter()
+            async with profile(front_child, prof_path):
+                load = await run_load(front, mode, variant, args.sessions, rounds, args.turns)
+            wall = time.perf_counter() - started
+            client_cpu = time.process_time() - cpu0
+            front_share, up_share = measured.cpu_share(front0), upstream.cpu_share(up0)
+        rss, peak = measured.memory_mib()
+    chats = load.chats
+    front_cpu = front_share * wall / chats if front_child else math.nan
+    return {
+        "variant": variant.name,
+        "upstream": upstream_name,
+        "target": target,
+        "chats": chats,
+        "errors": len(load.errors),
+        "chats/s": chats / wall,
+        "MiB/answer": load.bytes_in / chats / 2**20,
+        "health p50 ms": ms(pct(health, 50)),
+        "health p95 ms": ms(pct(health, 95)),
+        "health p99 ms": ms(pct(health, 99)),
+        "health max ms": ms(max(health, default=math.nan)),
+        "health n": len(health),
+        "chat p50 ms": ms(pct(load.latencies, 50)),
+        "chat p99 ms": ms(pct(load.latencies, 99)),
+        "front CPU ms/chat": ms(front_cpu),
+        "worker CPU ms/chat": ms(up_share * wall / chats),
+        "client CPU ms/chat": ms(client_cpu / chats),
+        "front RSS MiB": rss if front_child else math.nan,
+        "front peak MiB": peak if front_child else math.nan,
+        "first error": load.errors[0] if load.errors else "",
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(
+        f"{load_average()}; K={args.sessions} agents x {args.rounds} sessions x {args.turns} turns"
+    )
+    all_variants = variants(args)
+    rows: list[dict[str, Any]] = []
+    workdir = Path(tempfile.mkdtemp(prefix="rollout-p1-"))
+    for variant_name in args.variants:
+        variant = all_variants[variant_name]
+        for upstream_name in args.upstreams:
+            async with child(
+                "emulator", emulator_command(*variant.emulator_flags, "--record-limit", "0")
+            ) as emulator:
+                if upstream_name == "emulator":
+                    for target in args.targets:
+                        rows.append(await measure(args, variant, upstream_name, emulator, target))
+                        print(table([rows[-1]], _COLUMNS), flush=True)
+                    continue
+                answer = workdir / f"{variant.name}.json"
+                size = await record_answer(emulator.url, variant, answer)
+            print(f"recorded {variant.name} answer: {size / 2**20:.2f} MiB")
+            replay_cmd = bench_command(
+                "replay.py", "--answer", str(answer), "--tokenizer", tokenizer_path()
+            )
+            async with child("replay", replay_cmd) as replay:
+                for target in args.targets:
+                    rows.append(await measure(args, variant, upstream_name, replay, target))
+                    print(table([rows[-1]], _COLUMNS), flush=True)
+    for row in rows:
+        raw = next(
+            (
+                r
+                for r in rows
+                if r["target"] == "raw"
+                and r["variant"] == row["variant"]
+                and r["upstream"] == row["upstream"]
+            ),
+            None,
+        )
+        row["x raw"] = row["chats/s"] / raw["chats/s"] if raw else math.nan
+    print()
+    print(load_average())
+    print(table(rows, _COLUMNS))
+    print()
+    print(table(rows, _CPU_COLUMNS))
+    errors = [r for r in rows if r["errors"]]
+    for r in errors:
+        print(f"ERRORS in {r['variant']}/{r['upstream']}/{r['target']}: {r['first error']}")
+    write_json(args.json, {"args": _jsonable(args), "load": load_average(), "rows": rows})
+    if args.plot:
+        plot(rows, args.plot)
+
+
+_COLUMNS = [
+    "variant",
+    "upstream",
+    "target",
+    "chats",
+    "chats/s",
+    "x raw",
+    "MiB/answer",
+    "health p50 ms",
+    "health p95 ms",
+    "health p99 ms",
+    "health max ms",
+    "chat p50 ms",
+    "chat p99 ms",
+]
+_CPU_COLUMNS = [
+    "variant",
+    "upstream",
+    "target",
+    "front CPU ms/chat",
+    "worker CPU ms/chat",
+    "client CPU ms/chat",
+    "front RSS MiB",
+    "front peak MiB",
+    "errors",
+]
+
+
+def _jsonable(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    plt = pyplot()
+    groups = sorted({(r["variant"], r["upstream"]) for r in rows})
+    targets = [t for t in TARGETS if any(r["target"] == t for r in rows)]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(targets)
+    for i, target in enumerate(targets):
+        xs, rates, p99 = [], [], []
+        for g, (variant, upstream) in enumerate(groups):
+            row = next(
+                (
+                    r
+                    for r in rows
+                    if (r["variant"], r["upstream"], r["target"]) == (variant, upstream, target)
+                ),
+                None,
+            )
+            if row:
+                xs.append(g + i * width)
+                rates.append(row["chats/s"])
+                p99.append(row["health p99 ms"])
+        ax1.bar(xs, rates, width, label=target)
+        ax2.bar(xs, p99, width, label=target)
+    labels = [f"{v}\n{u}" for v, u in groups]
+    for ax, title in ((ax1, "chats/s (higher is better)"), (ax2, "/health p99 ms under load")):
+        ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], labels)
+        ax.set_title(title)
+        ax.legend()
+    ax2.axhline(50, color="red", linestyle="--", linewidth=1)
+    ax2.set_yscale("log")
+    fig.suptitle("P1 large turns: K=64 sessions, ~0.7-1.3 MiB answers")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sessions", type=int, default=64, help="K concurrent agents")
+    parser.add_argument("--rounds", type=int, default=2, help="fresh sessions per agent")
+    parser.add_argument("--turns", type=int, default=2, help="turns per session")
+    parser.add_argument("--variants", type=lambda s: s.split(","), default=["logprobs", "experts"])
+    parser.add_argument("--upstreams", type=lambda s: s.split(","), default=["replay", "emulator"])
+    parser.add_argument(
+        "--targets", type=lambda s: s.split(","), default=["server", "raw", "direct"]
+    )
+    parser.add_argument("--completion-tokens", type=int, default=30000)
+    parser.add_argument("--context-length", type=int, default=131072)
+    parser.add_argument("--experts-completion-tokens", type=int, default=256)
+    parser.add_argument("--experts-prompt-words", type=int, default=260)
+    parser.add_argument("--experts-layers", type=int, default=61)
+    parser.add_argument("--experts-top-k", type=int, default=8)
+    parser.add_argument("--health-interval-s", type=float, default=0.01)
+    parser.add_argument(
+        "--server-flag", action="append", default=[], help="extra flag for `serve` (repeatable)"
+    )
+    parser.add_argument("--profile", type=Path, help="py-spy the server/raw proxy into this dir")
+    parser.add_argument("--json", type=Path, help="write results here")
+    parser.add_argument("--plot", type=Path, help="write a PNG here")
+    trio.run(main, parser.parse_args())

@@ -1,0 +1,152 @@
+"""Bulk export: every matching session of a server to JSON Lines or Parquet.
+
+``rollout-session export --server URL --out DIR [--format jsonl|parquet]
+[--state open|closed|all] [--close]``. Sessions are listed first (paging by
+cursor), then fetched one by one — or collected with DELETE when ``--close``
+is given — and streamed to ``DIR/trajectories.{jsonl,parquet}``, so memory
+holds one Parquet row group at most. ``--state closed`` means sessions the
+server closed by itself (state ``expired``): DELETE'd sessions are already in
+their collector's hands.
+
+Parquet columns: token ids ``list<int32>``, loss mask ``list<int8>``,
+logprobs ``list<float32>``; ``metadata``, ``turns``, ``messages`` and
+``routed_experts`` as JSON strings (they are nested and heterogeneous).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+__all__ = ["PARQUET_SCHEMA", "add_arguments", "export_sessions", "run"]
+
+_STATES: Final = {"open": "open", "closed": "expired", "all": None}
+_JSON_COLUMNS: Final = ("metadata", "turns", "messages", "routed_experts")
+PARQUET_SCHEMA: Final = pa.schema(
+    [
+        ("session_id", pa.string()),
+        ("status", pa.string()),
+        ("schema_version", pa.int32()),
+        ("created_at", pa.float64()),
+        ("closed_at", pa.float64()),
+        ("model", pa.string()),
+        ("prompt_length", pa.int64()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("logprobs", pa.list_(pa.float32())),
+        *((name, pa.string()) for name in _JSON_COLUMNS),
+    ]
+)
+_ROW_GROUP: Final = 256
+
+
+def _list_ids(client: httpx.Client, state: str | None) -> list[str]:
+    ids: list[str] = []
+    after: str | None = None
+    while True:
+        params = {"limit": "1000", **({"state": state} if state else {})}
+        if after:
+            params["after"] = after
+        page = _ok(client.get("/sessions", params=params))
+        ids += [s["session_id"] for s in page["sessions"]]
+        if not page.get("has_more") or not page["sessions"]:
+            return ids
+        after = ids[-1]
+
+
+def _ok(response: httpx.Response) -> Any:
+    if response.status_code != 200:
+        raise SystemExit(f"{response.request.method} {response.url}: {response.text}")
+    return orjson.loads(response.content)
+
+
+def _documents(client: httpx.Client, ids: list[str], close: bool) -> Iterator[dict[str, Any]]:
+    for session_id in ids:
+        if close:
+            response = client.delete(f"/sessions/{session_id}")
+        else:
+            response = client.get(f"/sessions/{session_id}/trajectory")
+        if response.status_code == 404:
+            continue  # collected or closed by someone else meanwhile
+        yield _ok(response)
+
+
+def _row(doc: dict[str, Any]) -> dict[str, Any]:
+    row = {name: doc.get(name) for name in PARQUET_SCHEMA.names}
+    for name in _JSON_COLUMNS:
+        value = doc.get(name)
+        row[name] = None if value is None else orjson.dumps(value).decode()
+    return row
+
+
+def export_sessions(
+    server: str,
+    out_dir: Path,
+    *,
+    fmt: str = "jsonl",
+    state: str = "all",
+    close: bool = False,
+    api_key: str | None = None,
+    progress: bool = True,
+) -> tuple[Path, int]:
+    """Write every matching session; return (file, number of sessions written)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"trajectories.{fmt}"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    written = 0
+    with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=120) as client:
+        ids = _list_ids(client, _STATES[state])
+        docs = tqdm(
+            _documents(client, ids, close), total=len(ids), unit="session", disable=not progress
+        )
+        if fmt == "jsonl":
+            with path.open("wb") as out:
+                for doc in docs:
+                    out.write(orjson.dumps(doc) + b"\n")
+                    written += 1
+        else:
+            with pq.ParquetWriter(path, PARQUET_SCHEMA) as writer:
+                batch: list[dict[str, Any]] = []
+                for doc in docs:
+                    batch.append(_row(doc))
+                    written += 1
+                    if len(batch) == _ROW_GROUP:
+                        writer.write_table(pa.Table.from_pylist(batch, PARQUET_SCHEMA))
+                        batch = []
+                if batch or not written:
+                    writer.write_table(pa.Table.from_pylist(batch, PARQUET_SCHEMA))
+    return path, written
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", required=True, help="session server base URL")
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
+    parser.add_argument(
+        "--state",
+        choices=tuple(_STATES),
+        default="all",
+        help="closed = sessions the server closed itself (expired)",
+    )
+    parser.add_argument("--close", action="store_true", help="collect (DELETE) each session")
+    parser.add_argument("--api-key", default=None, help="Bearer token if the server has one")
+
+
+def run(args: argparse.Namespace) -> None:
+    path, written = export_sessions(
+        args.server,
+        args.out,
+        fmt=args.format,
+        state=args.state,
+        close=args.close,
+        api_key=args.api_key,
+    )
+    print(f"wrote {written} sessions to {path}")

@@ -1,0 +1,177 @@
+"""Trainer-side client: create sessions, hand agents their base URL, collect.
+
+`SessionClient` is async and works under asyncio and trio alike (httpx and
+anyio support both). With several session servers it shards sessions by id
+(DESIGN §10): ids are generated client-side, and rendezvous hashing maps each
+id to one server, so any client process with the same server list finds a
+session without asking anyone, and adding a server moves only ~1/N of them.
+
+Retries are idempotent by construction: a create is retried with the same id
+(a 409 ``session_exists`` after a lost answer means the first try worked); a
+close is retried when the request never reached the server. A close whose
+answer was lost after the server acted cannot be replayed — the server has
+already handed the trajectory over and forgotten it — and raises
+`TrajectoryLost` rather than pretending.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+
+__all__ = ["SessionClient", "SessionHandle", "SessionServerError", "TrajectoryLost"]
+
+
+class SessionServerError(RuntimeError):
+    """The session server answered with an error document."""
+
+    def __init__(self, status_code: int, code: str, message: str) -> None:
+        super().__init__(f"{status_code} {code}: {message}")
+        self.status_code = status_code
+        self.code = code
+
+
+class TrajectoryLost(RuntimeError):
+    """A close reached the server but its answer did not reach us."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHandle:
+    session_id: str
+    server: str
+    # Give this to the agent as its OpenAI base_url.
+    base_url: str
+
+
+def _score(server: str, session_id: str) -> int:
+    digest = hashlib.blake2b(f"{server}|{session_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+class SessionClient:
+    def __init__(
+        self,
+        servers: Sequence[str],
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not servers:
+            raise ValueError("at least one session server URL is required")
+        self.servers = tuple(s.rstrip("/") for s in servers)
+        self._retries = retries
+        self._backoff_s = backoff_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, transport=transport)
+
+    async def __aenter__(self) -> SessionClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def server_for(self, session_id: str) -> str:
+        """Rendezvous hashing: the server with the highest score owns the id."""
+        return max(self.servers, key=lambda server: _score(server, session_id))
+
+    def handle(self, session_id: str) -> SessionHandle:
+        server = self.server_for(session_id)
+        return SessionHandle(session_id, server, f"{server}/sessions/{session_id}/v1")
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        retry_on: tuple[type[Exception], ...] = (httpx.TransportError,),
+        **kwargs: Any,
+    ) -> tuple[httpx.Response, bool]:
+        """Send, retrying on `retry_on` with backoff; also say whether it was retried."""
+        attempt = 0
+        while True:
+            try:
+                return await self._http.request(method, url, **kwargs), attempt > 0
+            except retry_on:
+                if attempt == self._retries:
+                    raise
+                await anyio.sleep(self._backoff_s * 2**attempt)
+                attempt += 1
+
+    @staticmethod
+    def _raise_for(response: httpx.Response) -> None:
+        if response.is_success:
+            return
+        try:
+            error = orjson.loads(response.content)["error"]
+            code, message = str(error["code"]), str(error["message"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            code, message = "unknown", response.text[:200]
+        raise SessionServerError(response.status_code, code, message)
+
+    async def create(
+        self,
+        session_id: str | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        ttl_s: float | None = None,
+    ) -> SessionHandle:
+        handle = self.handle(session_id or uuid.uuid4().hex)
+        body: dict[str, Any] = {"session_id": handle.session_id}
+        if metadata is not None:
+            body["metadata"] = metadata
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        response, retried = await self._send("POST", f"{handle.server}/sessions", json=body)
+        # A retried create that finds its own id means the first one landed.
+        if not (retried and response.status_code == 409):
+            self._raise_for(response)
+        return handle
+
+    async def trajectory(
+        self, session_id: str, *, include: Sequence[str] | None = None, sample: bool = False
+    ) -> dict[str, Any]:
+        params: dict[str, str] = {}
+        if include is not None:
+            params["include"] = ",".join(include)
+        if sample:
+            params["format"] = "sample"
+        server = self.server_for(session_id)
+        response, _ = await self._send(
+            "GET", f"{server}/sessions/{session_id}/trajectory", params=params
+        )
+        self._raise_for(response)
+        doc: dict[str, Any] = orjson.loads(response.content)
+        return doc
+
+    async def close(self, session_id: str) -> dict[str, Any]:
+        """Collect the final trajectory; the server forgets the session."""
+        url = f"{self.server_for(session_id)}/sessions/{session_id}"
+        try:
+            # Only a request that never reached the server is safe to repeat.
+            response, _ = await self._send("DELETE", url, retry_on=(httpx.ConnectError,))
+        except httpx.ConnectError:
+            raise
+        except httpx.TransportError as exc:
+            raise TrajectoryLost(
+                f"close of {session_id} may have reached the server, but its answer "
+                f"was lost ({type(exc).__name__}); the trajectory cannot be re-read"
+            ) from exc
+        self._raise_for(response)
+        doc: dict[str, Any] = orjson.loads(response.content)
+        return doc
