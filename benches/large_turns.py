@@ -96,9 +96,11 @@ class Variant:
     name: str
     emulator_flags: list[str]
     first_message: Any  # (agent, round) -> str
+    follow_up: Any  # (agent, round, turn) -> str
     extra: dict[str, Any]
     routed: bool = False
     max_tokens: int = 0
+    server_flags: tuple[str, ...] = ()
 
 
 def variants(args: argparse.Namespace) -> dict[str, Variant]:
@@ -111,6 +113,7 @@ def variants(args: argparse.Namespace) -> dict[str, Variant]:
             str(args.context_length),
         ],
         first_message=lambda a, r: f"Write a very long essay, agent {a} round {r}.",
+        follow_up=lambda a, r, t: f"Continue from step {t}.",
         extra={},
         max_tokens=args.completion_tokens,
     )
@@ -129,9 +132,13 @@ def variants(args: argparse.Namespace) -> dict[str, Variant]:
             str(args.context_length),
         ],
         first_message=lambda a, r: padding(args.experts_prompt_words, a * 31 + r),
+        # As long as the first: every turn's blob covers ~the same positions.
+        follow_up=lambda a, r, t: padding(args.experts_prompt_words, a * 31 + r + t + 1),
         extra={"return_routed_experts": True},
         routed=True,
         max_tokens=args.experts_completion_tokens,
+        # R3: the server asks for (only the new positions' experts) and stores them.
+        server_flags=("--routed-experts",),
     )
     return {v.name: v for v in (logprobs, experts)}
 
@@ -189,7 +196,7 @@ async def agent(
             messages = [
                 *messages,
                 {"role": "assistant", "content": answer.choices[0].message.content},
-                {"role": "user", "content": f"Continue from step {turn}."},
+                {"role": "user", "content": variant.follow_up(agent_id, r, turn)},
             ]
 
 
@@ -221,10 +228,10 @@ async def record_answer(worker: str, variant: Variant, path: Path) -> int:
     return len(response.content)
 
 
-def front_process(target: str, upstream: Child, args: argparse.Namespace) -> Any:
+def front_process(target: str, upstream: Child, variant: Variant, args: argparse.Namespace) -> Any:
     """The process agents talk to for `target` (a context manager; None = direct)."""
     if target == "server":
-        command = server_command([upstream.url], *args.server_flag)
+        command = server_command([upstream.url], *variant.server_flags, *args.server_flag)
         return child("server", command, marker="rollout-session listening on")
     if target.startswith("raw"):
         framework = "quart" if target == "raw-quart" else "asgi"
@@ -242,7 +249,7 @@ async def measure(
     upstream: Child,
     target: str,
 ) -> dict[str, Any]:
-    async with front_process(target, upstream, args) as front_child:
+    async with front_process(target, upstream, variant, args) as front_child:
         front = front_child.url if front_child else upstream.url
         mode = "server" if target == "server" else "plain"
         # Warm-up: connections, tokenizer caches, first-call imports.

@@ -6,8 +6,12 @@ proxy or the session server cost. This worker serves an answer recorded from
 the emulator (``--answer FILE``: the response body bytes) at near-zero CPU, so
 a throughput benchmark measures the process in the middle. The only per-request
 change is ``prompt_tokens`` (meta_info and usage): the number of ``input_ids``
-the request carried (msgspec reads just that field), so the session server's
-strict validation passes; without ``input_ids`` the recorded value stays.
+the request carried (msgspec reads just the fields it needs), so the session
+server's strict validation passes; without ``input_ids`` the recorded value
+stays. When the recorded answer has ``routed_experts`` and the request sends
+``input_ids`` with ``return_routed_experts``, the blob is re-sized to the
+positions asked for (prompt + completion - 1 - ``routed_experts_start_len``),
+as the session server's R3 check requires.
 
 Also serves ``/health``, ``/get_model_info`` and ``/v1/models`` like the
 emulator, bare ASGI on hypercorn's trio worker.
@@ -18,40 +22,90 @@ emulator, bare ASGI on hypercorn's trio worker.
 from __future__ import annotations
 
 import argparse
+import base64
+import re
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import orjson
 import trio
 
 from rollout_session.serving import start_server
 
-_SENTINEL = 987_654_321_987
+_PROMPT_TOKENS = b"987654321987"
+_ROUTED = b"@@routed-experts@@"
+_PLACEHOLDER = re.compile(b"(" + _PROMPT_TOKENS + b"|" + _ROUTED + b")")
 
 
 class _Request(msgspec.Struct):
     input_ids: list[int] | None = None
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
 
 
 _DECODER = msgspec.json.Decoder(_Request)
 
 
-def answer_template(answer: bytes) -> tuple[list[bytes], int]:
-    """Split a recorded answer around its prompt_tokens values."""
+@dataclass
+class Template:
+    """A recorded answer split around the values that depend on the request."""
+
+    segments: list[bytes]
+    prompt_tokens: int  # recorded
+    completion_tokens: int
+    routed_width: int  # int32 values per position in the recorded blob (0: none)
+    recorded_blob: bytes
+    random_experts: bytes  # source of blob bytes for other position counts
+
+    def render(self, request: _Request) -> bytes:
+        prompt = len(request.input_ids) if request.input_ids is not None else None
+        blob: bytes | None = None
+        if self.routed_width and prompt is not None and request.return_routed_experts:
+            positions = max(
+                prompt + self.completion_tokens - 1 - request.routed_experts_start_len, 0
+            )
+            size = positions * self.routed_width * 4
+            source = self.random_experts * (1 + size // max(len(self.random_experts), 1))
+            blob = base64.b64encode(source[:size])
+        out = []
+        for segment in self.segments:
+            if segment == _PROMPT_TOKENS:
+                out.append(str(prompt if prompt is not None else self.prompt_tokens).encode())
+            elif segment == _ROUTED:
+                out.append(blob if blob is not None else self.recorded_blob)
+            else:
+                out.append(segment)
+        return b"".join(out)
+
+
+def answer_template(answer: bytes) -> Template:
+    """Split a recorded answer around prompt_tokens and routed_experts."""
     data = orjson.loads(answer)
     choice = data["choices"][0]
     meta = choice.get("meta_info") or data.get("meta_info")
     recorded = int(meta["prompt_tokens"])
-    meta["prompt_tokens"] = _SENTINEL
+    completion = int(meta["completion_tokens"])
+    meta["prompt_tokens"] = int(_PROMPT_TOKENS)
     if isinstance(data.get("usage"), dict):
-        data["usage"]["prompt_tokens"] = _SENTINEL
-    return orjson.dumps(data).split(str(_SENTINEL).encode()), recorded
+        data["usage"]["prompt_tokens"] = int(_PROMPT_TOKENS)
+    blob = meta.get("routed_experts")
+    width = 0
+    if isinstance(blob, str):
+        positions = recorded + completion - 1
+        width = len(base64.b64decode(blob)) // 4 // max(positions, 1)
+        meta["routed_experts"] = _ROUTED.decode()
+    segments = [s for s in _PLACEHOLDER.split(orjson.dumps(data)) if s]
+    experts = np.random.default_rng(0).integers(0, 256, 1024 * width, dtype="<i4").tobytes()
+    recorded_blob = blob.encode() if isinstance(blob, str) else b""
+    return Template(segments, recorded, completion, width, recorded_blob, experts)
 
 
 def make_app(answer: bytes, model: str, tokenizer: str, context_length: int) -> Any:
-    parts, recorded = answer_template(answer)
+    template = answer_template(answer)
     fixed = {
         "/health": orjson.dumps({}),
         "/get_model_info": orjson.dumps(
@@ -84,11 +138,10 @@ def make_app(answer: bytes, model: str, tokenizer: str, context_length: int) -> 
         status = 200
         if path == "/v1/chat/completions" and scope["method"] == "POST":
             try:
-                ids = _DECODER.decode(b"".join(chunks)).input_ids
+                request = _DECODER.decode(b"".join(chunks))
             except msgspec.DecodeError:
-                ids = None
-            count = str(len(ids) if ids is not None else recorded).encode()
-            body = count.join(parts)
+                request = _Request()
+            body = template.render(request)
             stats["chats"] += 1
         elif path == "/emulator/stats":
             body = orjson.dumps(stats)

@@ -1,8 +1,10 @@
-"""Operator routes: the worker pool at run time (DESIGN §3, §7).
+"""Operator routes: the worker pool at run time, pausing, metrics.
 
 ``GET /workers`` shows the pool, ``POST /workers {"url"}`` adds a worker,
 ``DELETE /workers?url=`` drains one (no new pins, in-flight turns finish) and
-removes it; its sessions re-pin on their next turn.
+removes it; its sessions re-pin on their next turn. ``POST /admin/pause``
+holds new turns (weight sync) and answers once in-flight turns are done;
+``POST /admin/resume`` releases them. ``GET /metrics`` is Prometheus text.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from quart_trio import QuartTrio
 from .config import WORKER_URL
 from .context import ServerContext
 from .errors import InvalidRequest
+from .metrics import CONTENT_TYPE
 from .routes import json_response, read_json_object
 
 __all__ = ["register_admin_routes"]
@@ -31,6 +34,20 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
         if not isinstance(url, str) or not WORKER_URL.match(url):
             raise InvalidRequest("url must be an http(s)://host[:port] base URL", param="url")
         return json_response(pool.add(url).summary(), status=201)
+
+    @app.post("/admin/pause")
+    async def pause() -> Response:
+        await ctx.pause.pause()
+        return json_response({"paused": True, "inflight": ctx.pause.inflight})
+
+    @app.post("/admin/resume")
+    async def resume() -> Response:
+        ctx.pause.resume()
+        return json_response({"paused": False})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), content_type=CONTENT_TYPE)
 
     @app.delete("/workers")
     async def remove_worker() -> Response:

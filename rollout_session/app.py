@@ -9,10 +9,12 @@ never a stack trace.
 
 from __future__ import annotations
 
+import hmac
 import logging
+from pathlib import Path
 
 import trio
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -27,8 +29,11 @@ from .errors import (
     RequestTooLarge,
     RolloutSessionError,
     RouteNotFound,
+    Unauthorized,
     UpstreamError,
 )
+from .lifecycle import PauseGate, reap_forever
+from .metrics import Metrics
 from .routes import register_routes
 from .sessions import SessionRegistry
 from .tokenization import ChatTokenizer, load_tokenizer
@@ -80,21 +85,49 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         pool.add(url)
     ctx = ServerContext(
         settings=settings,
-        registry=SessionRegistry(),
+        registry=SessionRegistry(max_sessions=settings.max_sessions),
         pool=pool,
         cpu_limiter=trio.CapacityLimiter(settings.cpu_threads),
+        pause=PauseGate(settings.pause_wait_s),
+        metrics=Metrics(lambda: ctx),
         tokenizer=tokenizer,
     )
     app.extensions[_EXTENSION] = ctx
 
     @app.before_serving
     async def startup() -> None:
+        if settings.journal is not None:
+            from .journal import Journal
+
+            ctx.journal, restored = await Journal.open(
+                Path(settings.journal),
+                fsync=settings.journal_fsync,
+                fsync_interval_s=settings.journal_fsync_interval_s,
+            )
+            for session in restored:
+                ctx.registry.restore(session)
+                pool.adopt(session)
+            await app.nursery.start(ctx.journal.run)
+            logger.info("journal %s: restored %d sessions", settings.journal, len(restored))
         await app.nursery.start(ctx.pool.run)
+        app.nursery.start_soon(reap_forever, ctx)
         await _load_model(ctx)
 
     @app.after_serving
     async def shutdown() -> None:
         await ctx.pool.aclose()
+        if ctx.journal is not None:
+            await ctx.journal.aclose()
+
+    @app.before_request
+    async def authenticate() -> None:
+        key = settings.api_key
+        if key is None or request.path == "/health":
+            return
+        given = request.headers.get("Authorization", "")
+        # Constant-time: the comparison must not leak how much of a guess matched.
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise Unauthorized("missing or wrong API key (Authorization: Bearer <key>)")
 
     @app.errorhandler(RolloutSessionError)
     async def on_error(error: RolloutSessionError) -> Response:

@@ -38,6 +38,10 @@ def _json_object(value: str) -> dict[str, Any]:
     return data
 
 
+def _optional_float(value: str) -> float | None:
+    return None if value.lower() in {"none", "off", ""} else float(value)
+
+
 def _bool(value: str) -> bool:
     if value.lower() in {"1", "true", "yes", "on"}:
         return True
@@ -67,6 +71,16 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--health-timeout-s", "health_timeout_s", float, "worker probe timeout"),
     ("--unhealthy-after", "unhealthy_after", int, "consecutive failures → unhealthy"),
     ("--healthy-after", "healthy_after", int, "consecutive probe successes → healthy"),
+    ("--api-key", "api_key", str, "require Authorization: Bearer KEY (all but /health)"),
+    ("--session-ttl-s", "session_ttl_s", _optional_float, "idle expiry ('none' = never)"),
+    ("--keep-closed-s", "keep_closed_s", float, "keep expired sessions for collection"),
+    ("--max-sessions", "max_sessions", int, "more → 429 too_many_sessions"),
+    ("--max-session-tokens", "max_session_tokens", int, "prompt + max_tokens cap"),
+    ("--pause-wait-s", "pause_wait_s", float, "while paused, turns wait this long"),
+    ("--shutdown-grace-s", "shutdown_grace_s", float, "SIGTERM: time for in-flight turns"),
+    ("--journal", "journal", str, "durable journal directory (off by default)"),
+    ("--journal-fsync", "journal_fsync", str, "always, interval or never"),
+    ("--journal-fsync-interval-s", "journal_fsync_interval_s", float, "for --journal-fsync"),
     ("--demo-workers", "demo_workers", int, "emulator workers started by --demo"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
 )
@@ -134,7 +148,13 @@ async def serve(settings: Settings) -> None:
             if settings.demo:
                 settings = await _start_demo_workers(nursery, settings)
             app = create_app(settings)
-            server = await start_server(nursery, app, host=settings.host, port=settings.port)
+            server = await start_server(
+                nursery,
+                app,
+                host=settings.host,
+                port=settings.port,
+                graceful_timeout=settings.shutdown_grace_s,
+            )
             print(f"rollout-session listening on {server.url}", flush=True)
             print(f"  create a session: curl -X POST {server.url}/sessions", flush=True)
             async for _ in signals:

@@ -55,6 +55,23 @@ class Settings:
     sglang_session_cache: bool = False
     # R3: ask workers for routed experts of new positions; store and export them.
     routed_experts: bool = False
+    # Every route but /health needs "Authorization: Bearer <api_key>" when set.
+    api_key: str | None = None
+    # Idle sessions expire after this (per-session `ttl_s` overrides); None = never.
+    session_ttl_s: float | None = 3600.0
+    # Expired sessions' documents are kept this long for collection.
+    keep_closed_s: float = 3600.0
+    max_sessions: int = 100_000
+    # Prompt + max_tokens cap per session (below the model's context); None = model's.
+    max_session_tokens: int | None = None
+    # While paused (weight sync), new turns wait this long, then 503 server_paused.
+    pause_wait_s: float = 30.0
+    # SIGTERM: in-flight turns get this long to finish before they are cancelled.
+    shutdown_grace_s: float = 30.0
+    # Durable journal directory (None = off) and its fsync policy.
+    journal: str | None = None
+    journal_fsync: str = "interval"
+    journal_fsync_interval_s: float = 1.0
     demo: bool = False
     demo_workers: int = 1
     log_level: str = "info"
@@ -77,6 +94,18 @@ class Settings:
         _positive("max_body_mb", self.max_body_mb)
         _positive("health_interval_s", self.health_interval_s)
         _positive("health_timeout_s", self.health_timeout_s)
+        for name in ("keep_closed_s", "pause_wait_s", "shutdown_grace_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        _positive("journal_fsync_interval_s", self.journal_fsync_interval_s)
+        if self.session_ttl_s is not None:
+            _positive("session_ttl_s", self.session_ttl_s)
+        if self.journal_fsync not in {"always", "interval", "never"}:
+            raise ValueError("journal_fsync must be always, interval or never")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty")
+        if self.max_session_tokens is not None and self.max_session_tokens < 1:
+            raise ValueError("max_session_tokens must be >= 1")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}")
         for name in (
@@ -85,6 +114,7 @@ class Settings:
             "demo_workers",
             "unhealthy_after",
             "healthy_after",
+            "max_sessions",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

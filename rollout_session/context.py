@@ -10,15 +10,20 @@ import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 
 from .config import Settings
+from .lifecycle import PauseGate
 from .sessions import SessionRegistry
 from .tokenization import ChatTokenizer
 from .upstream import ModelInfo
 from .workers import WorkerPool
+
+if TYPE_CHECKING:
+    from .journal import Journal
+    from .metrics import Metrics
 
 __all__ = ["ServerContext"]
 
@@ -31,6 +36,9 @@ class ServerContext:
     registry: SessionRegistry
     pool: WorkerPool
     cpu_limiter: trio.CapacityLimiter
+    pause: PauseGate
+    metrics: Metrics
+    journal: Journal | None = None
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Set during startup (before serving): loading needs the worker's answer.
     tokenizer: ChatTokenizer | None = None

@@ -16,6 +16,7 @@ Tree::
     │   ├── RequestTooLarge, TooManySessions, WorkerExists, WorkerNotFound
     └── ServerError (5xx)
         ├── UpstreamError, UpstreamMalformed, UpstreamTimeout, NoHealthyWorker
+        ├── ServerPaused
         └── InvariantViolated, InternalError
 """
 
@@ -37,6 +38,7 @@ __all__ = [
     "RolloutSessionError",
     "RouteNotFound",
     "ServerError",
+    "ServerPaused",
     "SessionBusy",
     "SessionClosing",
     "SessionExists",
@@ -210,6 +212,16 @@ class UpstreamMalformed(ServerError):
 class NoHealthyWorker(ServerError):
     status_code = 503
     code = "no_healthy_worker"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ServerPaused(ServerError):
+    """Turns are paused (weight sync) and did not resume within --pause-wait-s."""
+
+    status_code = 503
+    code = "server_paused"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})

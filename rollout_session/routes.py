@@ -104,6 +104,9 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     async def create_session() -> Response:
         session_id, metadata, ttl_s = _create_args(await read_json_object(optional=True))
         session = registry.create(session_id, metadata=metadata, ttl_s=ttl_s)
+        if ctx.journal is not None:
+            ctx.journal.create(session)
+            await ctx.journal.wait_durable()
         return json_response(
             {
                 "session_id": session.id,
@@ -150,6 +153,9 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
         session.closed_at = registry.clock()
         registry.remove(session)
         ctx.pool.release_session(session)
+        if ctx.journal is not None:
+            ctx.journal.close(session.id)
+            await ctx.journal.wait_durable()
         doc = export_document(session, "closed", include)
         return await document_response(ctx, doc, len(session.trajectory))
 

@@ -24,6 +24,7 @@ from .errors import (
     SessionClosing,
     SessionExists,
     SessionNotFound,
+    TooManySessions,
 )
 from .messages import Message
 from .trajectory import Trajectory
@@ -117,8 +118,11 @@ class Session:
 class SessionRegistry:
     """All sessions of one server, in creation order."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, max_sessions: int | None = None
+    ) -> None:
         self.clock = clock
+        self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
 
     def __len__(self) -> int:
@@ -140,6 +144,11 @@ class SessionRegistry:
             raise InvalidRequest("session_id must match [A-Za-z0-9._:-]{1,128}", param="session_id")
         if session_id in self._sessions:
             raise SessionExists(f"session {session_id} already exists")
+        if self.max_sessions is not None and len(self._sessions) >= self.max_sessions:
+            raise TooManySessions(
+                f"the server holds {len(self._sessions)} sessions (--max-sessions); "
+                "collect finished ones first"
+            )
         now = self.clock()
         session = Session(
             id=session_id,
@@ -150,6 +159,10 @@ class SessionRegistry:
         )
         self._sessions[session_id] = session
         return session
+
+    def restore(self, session: Session) -> None:
+        """Put back a session rebuilt from the journal (no caps: it existed)."""
+        self._sessions[session.id] = session
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)

@@ -23,6 +23,7 @@ import orjson
 from .protocol import StreamMode
 
 __all__ = [
+    "LOGPROB_ENTRIES",
     "PIECE_CHARS",
     "SSE_CONTENT_TYPE",
     "SSE_HEADERS",
@@ -105,7 +106,9 @@ def stream_chunks(
         # OpenAI: with include_usage every chunk but the last has usage: null.
         envelope["usage"] = None
 
-    def chunk(delta: dict[str, Any], *, logprobs: Any = None, finish: str | None = None) -> Any:
+    def chunk(
+        delta: dict[str, Any], *, logprobs: Any = None, finish: str | None = None
+    ) -> dict[str, Any]:
         entry = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {**envelope, "choices": [entry]}
 

@@ -9,20 +9,25 @@ is only applied by the commit, so a failed turn never loses history.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
+import trio
 
 from .context import ServerContext
 from .errors import (
     ContextLengthExceeded,
     InvalidRequest,
     InvariantViolated,
+    RolloutSessionError,
+    SessionBusy,
     SessionClosing,
     TrajectoryDiverged,
+    UpstreamMalformed,
 )
 from .messages import Message, assistant_message, common_prefix
 from .protocol import ChatRequest, parse_chat_request
@@ -163,6 +168,9 @@ def commit_turn(
     if session.state is not SessionState.OPEN or session.slot is not slot:
         raise SessionClosing(f"session {session.id} was closed during the turn")
     trajectory = session.trajectory
+    # Messages up to the kept turn keep the form first stored (equal to the
+    # request's under the comparison rules); the journal records only the rest.
+    kept = trajectory.turns[plan.keep_turns - 1].messages_end if plan.keep_turns else 0
     start = trajectory.length_after(plan.keep_turns)
     if start + len(plan.prompt_ids) != len(plan.input_ids):
         raise InvariantViolated(f"session {session.id}: planned prompt does not match its ids")
@@ -190,7 +198,8 @@ def commit_turn(
         experts_width=experts[1] if experts else None,
     )
     session.messages = [
-        *plan.messages,
+        *session.messages[:kept],
+        *plan.messages[kept:],
         assistant_message(answer.content, answer.tool_calls, answer.reasoning_content),
     ]
     session.tools = plan.tools
@@ -200,28 +209,57 @@ def commit_turn(
 
 async def run_turn(ctx: ServerContext, session_id: str, body: bytes) -> UpstreamReply:
     """Run one turn; return the worker's reply to pass through to the agent."""
+    started = time.perf_counter()
+    metrics = ctx.metrics
+    try:
+        reply = await _admitted_turn(ctx, session_id, body)
+    except RolloutSessionError as exc:
+        metrics.turns.labels("error", exc.code).inc()
+        if isinstance(exc, SessionBusy):
+            metrics.busy.inc()
+        elif isinstance(exc, UpstreamMalformed):
+            metrics.validation_failures.labels(exc.kind).inc()
+        raise
+    except trio.Cancelled:
+        metrics.turns.labels("cancelled", "cancelled").inc()
+        raise
+    if reply.status != 200:
+        metrics.turns.labels("worker_error", str(reply.status)).inc()
+        return reply
+    metrics.turns.labels("ok", "ok").inc()
+    metrics.upstream_latency.observe(reply.latency_s)
+    metrics.overhead.observe(max(time.perf_counter() - started - reply.latency_s, 0.0))
+    return reply
+
+
+async def _admitted_turn(ctx: ServerContext, session_id: str, body: bytes) -> UpstreamReply:
     registry = ctx.registry
     session = registry.get(session_id)
-    slot = session.claim(registry.clock())
-    try:
-        with slot.cancel_scope:
-            return await _turn(ctx, session, slot, body)
-        # Only a DELETE cancels the slot's scope; the close wins.
-        raise SessionClosing(f"session {session.id} was closed during the turn")
-    finally:
-        session.release(slot, registry.clock())
+    async with ctx.pause.turn():
+        slot = session.claim(registry.clock())
+        try:
+            with slot.cancel_scope:
+                return await _turn(ctx, session, slot, body)
+            # Only a close (DELETE, expiry) cancels the slot's scope; it wins.
+            raise SessionClosing(f"session {session.id} was closed during the turn")
+        finally:
+            session.release(slot, registry.clock())
 
 
 async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: bytes) -> UpstreamReply:
     request = await ctx.offload(len(body), parse_chat_request, body)
     plan = await ctx.offload(len(body), plan_turn, session, request, ctx)
-    limit = ctx.context_length
-    if limit is not None and len(plan.input_ids) + (request.max_tokens or 0) > limit:
-        raise ContextLengthExceeded(
-            f"prompt of {len(plan.input_ids)} tokens + max_tokens {request.max_tokens or 0} "
-            f"exceeds the model's context of {limit} tokens",
-            param="messages",
-        )
+    wanted = len(plan.input_ids) + (request.max_tokens or 0)
+    for limit, what in (
+        (ctx.context_length, "the model's context"),
+        (ctx.settings.max_session_tokens, "the session token cap (--max-session-tokens)"),
+    ):
+        if limit is not None and wanted > limit:
+            raise ContextLengthExceeded(
+                f"prompt of {len(plan.input_ids)} tokens + max_tokens "
+                f"{request.max_tokens or 0} exceeds {what} of {limit} tokens",
+                param="messages",
+            )
     model = ctx.model_info.model if ctx.model_info else None
     session_hint = session.id if ctx.settings.sglang_session_cache else None
     payload = upstream_body(
@@ -251,5 +289,13 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
             width=session.trajectory.experts_width if plan.keep_turns else None,
         )
     # No await from here on: the state check and the commit are one step.
-    commit_turn(session, slot, plan, answer, reply, ctx.registry.clock(), experts)
+    turn = commit_turn(session, slot, plan, answer, reply, ctx.registry.clock(), experts)
+    ctx.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
+    ctx.metrics.tokens.labels("sampled").inc(len(answer.ids))
+    if ctx.journal is not None:
+        ctx.journal.turn(session, plan, answer, turn, experts)
+        # The agent hears of a turn only once it is durable; a close arriving
+        # meanwhile waits for this (bounded) write rather than cut it short.
+        with trio.CancelScope(shield=True):
+            await ctx.journal.wait_durable()
     return reply

@@ -140,9 +140,17 @@ class WorkerPool:
             session.worker = chosen.url
         return chosen
 
-    def release_session(self, session: Session) -> None:
-        """The session is gone: unpin it and, if enabled, free its KV at once."""
+    def adopt(self, session: Session) -> None:
+        """Count a session restored with its pin (journal replay)."""
         worker = self.workers.get(session.worker) if session.worker else None
+        if worker is not None:
+            worker.active_sessions += 1
+
+    def release_session(self, session: Session) -> None:
+        """The session is gone: unpin it and, if enabled, free its KV at once.
+        Idempotent: an expired session that is then collected is released once."""
+        worker = self.workers.get(session.worker) if session.worker else None
+        session.worker = None
         if worker is None:
             return
         worker.active_sessions -= 1

@@ -110,15 +110,15 @@ ANSWERS: list[tuple[str, str, EmulatorConfig, dict[str, Any], str]] = [
     ("tool-call", "chatml", EmulatorConfig(), {"tools": TOOLS}, "tool_calls"),
     ("reasoning", "qwen3", EmulatorConfig(reasoning=True), {}, "reasoning_content"),
 ]
-CASES = {
-    "argnames": ("template", "emulator", "fields", "shows"),
-    "argvalues": [a[1:] for a in ANSWERS],
-    "ids": [a[0] for a in ANSWERS],
-}
+ANSWER_CASES = pytest.mark.parametrize(
+    ("template", "emulator", "fields", "shows"),
+    [a[1:] for a in ANSWERS],
+    ids=[a[0] for a in ANSWERS],
+)
 USER = [{"role": "user", "content": "Read main.py and tell me what it does."}]
 
 
-@pytest.mark.parametrize(**CASES)
+@ANSWER_CASES
 async def test_emulator_answer_and_forwarded_request_match_sglang(
     sglang_protocol: types.ModuleType,
     make_stack: StackFactory,
@@ -145,7 +145,7 @@ async def test_emulator_answer_and_forwarded_request_match_sglang(
     assert request.input_ids == sent["input_ids"] and request.return_meta_info
 
 
-@pytest.mark.parametrize(**CASES)
+@ANSWER_CASES
 async def test_streamed_chunks_match_sglang(
     sglang_protocol: types.ModuleType,
     make_stack: StackFactory,

@@ -275,13 +275,15 @@ async def test_worker_error_stays_json_when_streaming(make_stack: StackFactory, 
 async def post_and_hang_up(base_url: str, path: str, body: dict[str, Any]) -> bytes:
     """An agent that reads the first SSE bytes, then closes its connection."""
     url = httpx.URL(base_url)
+    port = url.port
+    assert port is not None
     payload = orjson.dumps(body)
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {url.host}:{port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
     )
     received = b""
-    async with await trio.open_tcp_stream(url.host, url.port) as stream:
+    async with await trio.open_tcp_stream(url.host, port) as stream:
         await stream.send_all(head.encode() + payload)
         while b"data: " not in received:
             data = await stream.receive_some(4096)

@@ -1,0 +1,339 @@
+"""P2 small turns: latency the session server adds over talking to the worker directly.
+
+Multi-turn sessions whose first prompt is ~``--prompt-tokens`` (1k) tokens and
+whose every answer is exactly ``--completion-tokens`` (256) tokens; each later
+turn appends a short user message. At each concurrency (``--concurrency``,
+default 1,4,16,64) the same conversations run straight to the emulator and
+through the session server, alternating, ``--repeats`` times; ``--chats``
+turns per run. Reported per concurrency:
+
+- direct and server per-turn latency p50/p99 and their difference (the
+  "added latency" of the issue);
+- in-server overhead, paired per turn: the agent-observed latency minus the
+  server's own ``upstream_latency_s`` for that turn (from the trajectory), i.e.
+  everything the server and its extra loopback hop add, without the noise of
+  comparing two separate runs;
+- CPU ms per turn of the server and of the emulator (from /proc).
+
+The emulator runs with no simulated latency, so every number is CPU and
+loopback on the shared 2 cores. Note the paths give the emulator slightly
+different work: direct, it renders the chat template itself; through the
+server, it gets ``input_ids``.
+
+    python benches/small_turns.py
+    python benches/small_turns.py --concurrency 1,64 --profile prof/
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import orjson
+import trio
+from _common import (
+    Child,
+    child,
+    emulator_command,
+    load_average,
+    ms,
+    pct,
+    profile,
+    pyplot,
+    server_command,
+    table,
+    tokenizer_path,
+    write_json,
+)
+
+from rollout_session.tokenization import ChatTokenizer, load_tokenizer
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Message
+
+
+class _Answer(msgspec.Struct):
+    choices: list[_Choice]
+
+
+_ANSWER = msgspec.json.Decoder(_Answer)
+_FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
+MODES = ("direct", "direct-ids", "server")
+
+
+@functools.cache
+def _tokenizer() -> ChatTokenizer:
+    return load_tokenizer(tokenizer_path())
+
+
+_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
+
+
+def first_prompt(tokens: int, salt: int) -> str:
+    # One token per word with the bundled tokenizer; the template adds ~5.
+    words = max(1, tokens - 8)
+    return " ".join(_WORDS[(i * 3 + salt) % len(_WORDS)] for i in range(words))
+
+
+@dataclass
+class Run:
+    latencies: list[float] = field(default_factory=list)
+    # (session id, turn index, latency) for server runs
+    turns: list[tuple[str, int, float]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    sessions: list[str] = field(default_factory=list)
+
+
+async def conversation(
+    client: httpx.AsyncClient,
+    front: str,
+    mode: str,
+    index: int,
+    args: argparse.Namespace,
+    run: Run,
+) -> None:
+    through_server = mode == "server"
+    session_id = ""
+    if through_server:
+        created = await client.post(f"{front}/sessions")
+        created.raise_for_status()
+        session_id = created.json()["session_id"]
+        run.sessions.append(session_id)
+        url = f"{front}/sessions/{session_id}/v1/chat/completions"
+    else:
+        url = f"{front}/v1/chat/completions"
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": first_prompt(args.prompt_tokens, index)}
+    ]
+    for turn in range(args.turns):
+        request: dict[str, Any] = {
+            "messages": messages,
+            "max_tokens": args.completion_tokens,
+            "seed": index,
+        }
+        if mode == "direct-ids":
+            # What the server would send: the same work for the emulator.
+            request |= _FORCED | {
+                "input_ids": _tokenizer().first_turn(messages, tools=None, kwargs={})
+            }
+        body = orjson.dumps(request)
+        started = time.perf_counter()
+        response = await client.post(
+            url, content=body, headers={"content-type": "application/json"}
+        )
+        latency = time.perf_counter() - started
+        if response.status_code != 200:
+            run.errors.append(f"{response.status_code}: {response.content[:200]!r}")
+            return
+        run.latencies.append(latency)
+        if through_server:
+            run.turns.append((session_id, turn, latency))
+        content = _ANSWER.decode(response.content).choices[0].message.content
+        messages = [
+            *messages,
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": f"Continue with step {turn}."},
+        ]
+
+
+async def run_once(front: str, mode: str, concurrency: int, args: argparse.Namespace) -> Run:
+    run = Run()
+    sessions = max(1, args.chats // args.turns)
+    counter = itertools.count()
+    limits = httpx.Limits(
+        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
+    )
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+        async def agent() -> None:
+            for index in counter:
+                if index >= sessions:
+                    return
+                await conversation(client, front, mode, index, args, run)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(agent)
+    return run
+
+
+async def server_overheads(front: str, run: Run) -> list[float]:
+    """Per turn: agent-observed latency minus the server's upstream latency."""
+    upstream: dict[tuple[str, int], float] = {}
+    async with httpx.AsyncClient(timeout=60) as client:
+        for session_id in run.sessions:
+            response = await client.delete(f"{front}/sessions/{session_id}")
+            response.raise_for_status()
+            for turn in response.json()["turns"]:
+                upstream[(session_id, turn["index"])] = turn["upstream_latency_s"]
+    return [latency - upstream[(sid, i)] for sid, i, latency in run.turns if (sid, i) in upstream]
+
+
+async def measure(
+    emulator: Child, server: Child, concurrency: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    latencies: dict[str, list[float]] = {mode: [] for mode in MODES}
+    emulator_cpu = dict.fromkeys(MODES, 0.0)
+    overhead: list[float] = []
+    errors: list[str] = []
+    server_cpu = 0.0
+    for rep in range(args.repeats):
+        for mode in MODES:
+            front = server if mode == "server" else emulator
+            prof = (
+                args.profile / f"p2-c{concurrency}-r{rep}.txt"
+                if args.profile and mode == "server"
+                else None
+            )
+            before, before_server = emulator.cpu_s(), server.cpu_s()
+            async with profile(server if prof else None, prof):
+                result = await run_once(front.url, mode, concurrency, args)
+            emulator_cpu[mode] += emulator.cpu_s() - before
+            latencies[mode] += result.latencies
+            errors += result.errors
+            if mode == "server":
+                server_cpu += server.cpu_s() - before_server
+                overhead += await server_overheads(server.url, result)
+    direct, fair, through = (latencies[m] for m in MODES)
+    n = {mode: max(len(v), 1) for mode, v in latencies.items()}
+    return {
+        "concurrency": concurrency,
+        "turns": len(through),
+        "direct p50 ms": ms(pct(direct, 50)),
+        "direct-ids p50 ms": ms(pct(fair, 50)),
+        "direct-ids p99 ms": ms(pct(fair, 99)),
+        "server p50 ms": ms(pct(through, 50)),
+        "server p99 ms": ms(pct(through, 99)),
+        "added p50 ms": ms(pct(through, 50) - pct(fair, 50)),
+        "added p99 ms": ms(pct(through, 99) - pct(fair, 99)),
+        "added vs direct p50 ms": ms(pct(through, 50) - pct(direct, 50)),
+        "in-server p50 ms": ms(pct(overhead, 50)),
+        "in-server p99 ms": ms(pct(overhead, 99)),
+        "server CPU ms/turn": ms(server_cpu / n["server"]),
+        "emulator CPU ms/turn direct": ms(emulator_cpu["direct"] / n["direct"]),
+        "emulator CPU ms/turn direct-ids": ms(emulator_cpu["direct-ids"] / n["direct-ids"]),
+        "emulator CPU ms/turn via server": ms(emulator_cpu["server"] / n["server"]),
+        "errors": len(errors),
+        "first error": errors[0] if errors else "",
+    }
+
+
+_COLUMNS = [
+    "concurrency",
+    "turns",
+    "direct p50 ms",
+    "direct-ids p50 ms",
+    "direct-ids p99 ms",
+    "server p50 ms",
+    "server p99 ms",
+    "added p50 ms",
+    "added p99 ms",
+    "added vs direct p50 ms",
+    "in-server p50 ms",
+    "in-server p99 ms",
+]
+_CPU_COLUMNS = [
+    "concurrency",
+    "server CPU ms/turn",
+    "emulator CPU ms/turn direct",
+    "emulator CPU ms/turn direct-ids",
+    "emulator CPU ms/turn via server",
+    "errors",
+]
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(
+        f"{load_average()}; prompt ~{args.prompt_tokens} tokens, {args.completion_tokens} "
+        f"completion tokens, {args.turns} turns/session, {args.chats} turns per run"
+    )
+    emulator_flags = ["--completion-tokens", str(args.completion_tokens), "--record-limit", "0"]
+    rows = []
+    async with (
+        child("emulator", emulator_command(*emulator_flags)) as emulator,
+        child(
+            "server",
+            server_command([emulator.url], *args.server_flag),
+            marker="rollout-session listening on",
+        ) as server,
+    ):
+        warm = argparse.Namespace(**{**vars(args), "chats": 4 * args.turns})
+        for mode in MODES:
+            await run_once((server if mode == "server" else emulator).url, mode, 4, warm)
+        for concurrency in args.concurrency:
+            rows.append(await measure(emulator, server, concurrency, args))
+            print(table([rows[-1]], _COLUMNS), flush=True)
+    print()
+    print(load_average())
+    print(table(rows, _COLUMNS))
+    print()
+    print(table(rows, _CPU_COLUMNS))
+    for row in rows:
+        if row["errors"]:
+            print(f"ERRORS at concurrency {row['concurrency']}: {row['first error']}")
+    target = rows[0]["added p50 ms"] if rows else math.nan
+    print(f"target: added p50 <= 2 ms (at concurrency {args.concurrency[0]}: {target:.2f} ms)")
+    write_json(
+        args.json,
+        {"args": {k: str(v) for k, v in vars(args).items()}, "load": load_average(), "rows": rows},
+    )
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [r["concurrency"] for r in rows]
+    for key, style in (
+        ("added p50 ms", "o-"),
+        ("added p99 ms", "o--"),
+        ("in-server p50 ms", "s-"),
+        ("in-server p99 ms", "s--"),
+    ):
+        ax.plot(xs, [r[key] for r in rows], style, label=key.replace(" ms", ""))
+    ax.axhline(2, color="red", linestyle=":", linewidth=1, label="target p50 (2 ms)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("concurrent sessions")
+    ax.set_ylabel("ms")
+    ax.set_title("P2 small turns (1k prompt, 256 completion): server's added latency")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64]
+    )
+    parser.add_argument("--chats", type=int, default=256, help="turns per run")
+    parser.add_argument("--turns", type=int, default=4, help="turns per session")
+    parser.add_argument("--repeats", type=int, default=2, help="direct/server alternations")
+    parser.add_argument("--prompt-tokens", type=int, default=1000)
+    parser.add_argument("--completion-tokens", type=int, default=256)
+    parser.add_argument(
+        "--server-flag", action="append", default=[], help="extra flag for `serve` (repeatable)"
+    )
+    parser.add_argument("--profile", type=Path, help="py-spy the server into this dir")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    trio.run(main, parser.parse_args())

@@ -1,0 +1,311 @@
+"""P3 TITO cost vs history: prompt-building time per turn over a long tool conversation.
+
+One agent runs ``--turns`` (128) tool turns against a real emulator process:
+every answer is a tool call (``tool_choice: "required"``), every next request
+appends a ~``--tool-result-words`` tool result, so the history reaches tens of
+thousands of tokens. The turn path runs in this process with the server's own
+functions (`parse_chat_request` → `plan_turn` → `upstream_body`, the worker
+call over HTTP, `parse_worker_answer` → `commit_turn`), which is what the
+server's `_turn` does minus the pool. Before committing each turn, the
+prompt-building steps are timed on their own (median of ``--repeats``
+calls; they do not mutate the session), together with the baseline that
+token-in/token-out avoids: re-rendering and re-tokenising the whole
+conversation (`ChatTokenizer.first_turn` over all messages).
+
+Measured in-process rather than over HTTP because the quantity is a few
+milliseconds of CPU that loopback, the emulator and the event loop would
+bury; the session is still built by real turns with real worker answers. At
+the end, the committed ids are checked against the full rendering of the last
+request (the TITO invariant), so the benchmark measures the real thing.
+
+    python benches/tito_cost.py                  # 128 turns
+    python benches/tito_cost.py --turns 32 --plot docs/img/p3.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import trio
+from _common import (
+    child,
+    emulator_command,
+    load_average,
+    ms,
+    pyplot,
+    table,
+    tokenizer_path,
+    write_json,
+)
+
+from rollout_session import Settings, create_app
+from rollout_session.app import server_context
+from rollout_session.messages import common_prefix
+from rollout_session.protocol import parse_chat_request
+from rollout_session.tokenization import load_tokenizer
+from rollout_session.turns import commit_turn, plan_turn, upstream_body
+from rollout_session.upstream import UpstreamReply
+from rollout_session.validation import parse_worker_answer
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_command",
+            "description": "Run a shell command in the sandbox and return its output",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string"},
+                    "cwd": {"type": "string"},
+                    "timeout_s": {"type": "integer"},
+                },
+                "required": ["command"],
+            },
+        },
+    }
+]
+_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
+
+
+def tool_result(turn: int, words: int) -> str:
+    lines = []
+    for line in range(max(1, words // 8)):
+        picks = (_WORDS[(turn * 13 + line * 5 + i) % len(_WORDS)] for i in range(7))
+        lines.append(f"{line}: " + " ".join(picks))
+    return "\n".join(lines)
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def upstream_payload(request: Any, plan: Any) -> bytes:
+    try:
+        return upstream_body(request, plan, None, session_hint=None, routed_experts=False)
+    except TypeError:  # older signature: (request, plan, model, session_hint)
+        return upstream_body(request, plan, None, None)  # type: ignore[call-arg]
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(f"{load_average()}; {args.turns} tool turns, median of {args.repeats} per step")
+    emulator_flags = ["--context-length", str(args.context_length), "--record-limit", "0"]
+    if args.chat_template:
+        emulator_flags += ["--chat-template", args.chat_template]
+    async with child("emulator", emulator_command(*emulator_flags)) as emulator:
+        settings = Settings(
+            workers=(emulator.url,),
+            tokenizer=tokenizer_path(),
+            chat_template=args.chat_template,
+            context_length=args.context_length,
+        )
+        tokenizer = load_tokenizer(tokenizer_path(), args.chat_template)
+        ctx = server_context(create_app(settings, tokenizer=tokenizer))
+        session = ctx.registry.create()
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a careful coding agent. " * 20},
+            {"role": "user", "content": "Find out why the build fails and fix it."},
+        ]
+        rows: list[dict[str, Any]] = []
+        async with httpx.AsyncClient(timeout=300) as client:
+            for turn in range(1, args.turns + 1):
+                body = orjson.dumps(
+                    {
+                        "messages": messages,
+                        "tools": TOOLS,
+                        "tool_choice": "required",
+                        "max_tokens": 512,
+                        "seed": turn,
+                    }
+                )
+                request = parse_chat_request(body)
+                plan = plan_turn(session, request, ctx)
+                history = len(session.trajectory)
+                row: dict[str, Any] = {
+                    "turn": turn,
+                    "history tokens": history,
+                    "messages": len(request.messages),
+                    "new tokens": len(plan.prompt_ids),
+                    "body KiB": len(body) / 1024,
+                }
+                row["parse ms"] = ms(median_time(partial(parse_chat_request, body), args.repeats))
+                row["plan ms"] = ms(
+                    median_time(partial(plan_turn, session, request, ctx), args.repeats)
+                )
+                if turn > 1:
+                    new = request.messages[session.trajectory.turns[-1].messages_end :]
+                    row["render new ms"] = ms(
+                        median_time(
+                            partial(tokenizer.appended, new, tools=request.tools, kwargs={}),
+                            args.repeats,
+                        )
+                    )
+                    row["match history ms"] = ms(
+                        median_time(
+                            partial(common_prefix, session.messages, request.messages),
+                            args.repeats,
+                        )
+                    )
+                row["upstream body ms"] = ms(
+                    median_time(partial(upstream_payload, request, plan), args.repeats)
+                )
+                row["TITO total ms"] = row["parse ms"] + row["plan ms"] + row["upstream body ms"]
+                row["full re-render ms"] = ms(
+                    median_time(
+                        partial(
+                            tokenizer.first_turn, request.messages, tools=request.tools, kwargs={}
+                        ),
+                        max(1, args.repeats // 2),
+                    )
+                )
+                rows.append(row)
+                # The real turn: worker call, validation, commit.
+                payload = upstream_payload(request, plan)
+                started = time.perf_counter()
+                response = await client.post(
+                    f"{emulator.url}/v1/chat/completions",
+                    content=payload,
+                    headers={"content-type": "application/json"},
+                )
+                if response.status_code != 200:
+                    raise SystemExit(
+                        f"turn {turn}: worker said {response.status_code}: {response.text[:300]}"
+                    )
+                reply = UpstreamReply(
+                    status=200,
+                    headers=[],
+                    body=response.content,
+                    worker=emulator.url,
+                    latency_s=time.perf_counter() - started,
+                )
+                answer = parse_worker_answer(
+                    reply.body,
+                    sent_prompt_tokens=len(plan.input_ids),
+                    vocab_size=tokenizer.vocab_size,
+                )
+                now = time.time()
+                slot = session.claim(now)
+                try:
+                    commit_turn(session, slot, plan, answer, reply, now)
+                finally:
+                    session.release(slot, now)
+                call = orjson.loads(response.content)["choices"][0]["message"]
+                messages = [
+                    *messages,
+                    {
+                        "role": "assistant",
+                        "content": call.get("content"),
+                        "tool_calls": call.get("tool_calls"),
+                    },
+                    {
+                        "role": "tool",
+                        "tool_call_id": (call.get("tool_calls") or [{}])[0].get("id"),
+                        "content": tool_result(turn, args.tool_result_words),
+                    },
+                ]
+                if turn in args.show or turn == args.turns:
+                    print(table([row], _COLUMNS), flush=True)
+        # The TITO invariant over the whole conversation: stored ids == full render.
+        last = session.trajectory.turns[-1]
+        stored = session.trajectory.tokens.ids[: last.completion_start]
+        full = tokenizer.first_turn(request.messages, tools=TOOLS, kwargs={})
+        same = np.array_equal(stored, np.asarray(full, np.int32))
+    shown = [r for r in rows if r["turn"] in args.show or r["turn"] == args.turns]
+    print()
+    print(load_average())
+    print(table(shown, _COLUMNS))
+    print(f"TITO ids == full re-render of the last request ({len(full)} tokens): {same}")
+    by_turn = {r["turn"]: r for r in rows}
+    if 2 in by_turn and args.turns >= 2:
+        last_row, second = by_turn[args.turns], by_turn[2]
+        for key in ("plan ms", "TITO total ms", "full re-render ms"):
+            print(
+                f"{key}: turn {args.turns} / turn 2 = {last_row[key]:.2f} / {second[key]:.2f} "
+                f"= {last_row[key] / second[key]:.2f}x"
+            )
+        print("target: turn 128 <= 1.5x turn 2")
+    write_json(
+        args.json,
+        {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "load": load_average(),
+            "tito_equals_full_render": bool(same),
+            "rows": rows,
+        },
+    )
+    if args.plot:
+        plot(rows, args.plot)
+
+
+_COLUMNS = [
+    "turn",
+    "history tokens",
+    "messages",
+    "new tokens",
+    "body KiB",
+    "parse ms",
+    "match history ms",
+    "render new ms",
+    "plan ms",
+    "upstream body ms",
+    "TITO total ms",
+    "full re-render ms",
+]
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    xs = [r["turn"] for r in rows]
+    for key, style in (
+        ("full re-render ms", "-"),
+        ("TITO total ms", "-"),
+        ("plan ms", "-"),
+        ("parse ms", "--"),
+        ("render new ms", ":"),
+    ):
+        ax.plot(xs, [r.get(key, float("nan")) for r in rows], style, label=key.replace(" ms", ""))
+    ax.set_yscale("log")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("ms per turn (median)")
+    top = rows[-1]["history tokens"] if rows else 0
+    ax.set_title(f"P3: prompt building vs history (tool conversation, {top:,} tokens at the end)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--turns", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=9, help="timed calls per step (median)")
+    parser.add_argument("--tool-result-words", type=int, default=240)
+    parser.add_argument("--context-length", type=int, default=131072)
+    parser.add_argument("--chat-template", help="built-in name or file (default: tokenizer's)")
+    parser.add_argument(
+        "--show",
+        type=lambda s: {int(x) for x in s.split(",")},
+        default={1, 2, 4, 8, 16, 32, 64, 96, 128},
+        help="turns printed in the table",
+    )
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    trio.run(main, parser.parse_args())

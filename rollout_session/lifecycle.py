@@ -1,0 +1,116 @@
+"""Server-driven session life: idle expiry, the keep-closed window, pausing.
+
+- Idle TTL: a session idle longer than its ``ttl_s`` (or ``--session-ttl-s``)
+  becomes ``expired``: its in-flight turn is cancelled, it takes no more turns,
+  but its document stays readable until collected or ``--keep-closed-s``
+  passes. Dropping an uncollected document is logged at WARNING with its id:
+  never silent.
+- Pause (weight sync): new turns wait for resume up to ``--pause-wait-s``,
+  then 503 ``server_paused``; in-flight turns finish, and `PauseGate.pause`
+  returns once none is left, so the trainer knows the workers are quiet.
+
+Time comes from the registry's clock and `trio.sleep`, so tests drive expiry
+with trio's autojump clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import trio
+
+from .errors import ServerPaused
+from .sessions import Session, SessionState
+
+if TYPE_CHECKING:
+    from .context import ServerContext
+
+__all__ = ["PauseGate", "expire_session", "reap_forever", "reap_once"]
+
+logger = logging.getLogger("rollout_session")
+
+
+def expire_session(ctx: ServerContext, session: Session) -> None:
+    """Close a session on the server's own initiative (plain synchronous code)."""
+    session.state = SessionState.EXPIRED
+    session.closed_at = ctx.registry.clock()
+    if session.slot is not None:
+        session.slot.cancel_scope.cancel()
+    ctx.pool.release_session(session)
+    if ctx.journal is not None:
+        ctx.journal.expire(session)
+
+
+def reap_once(ctx: ServerContext) -> None:
+    settings = ctx.settings
+    now = ctx.registry.clock()
+    for session in ctx.registry:
+        if session.state is SessionState.OPEN:
+            ttl = session.ttl_s if session.ttl_s is not None else settings.session_ttl_s
+            if ttl is not None and now - session.last_active_at > ttl:
+                logger.info("session %s expired after %.0f s idle", session.id, ttl)
+                expire_session(ctx, session)
+        elif session.state is SessionState.EXPIRED and session.closed_at is not None:
+            if now - session.closed_at > settings.keep_closed_s:
+                logger.warning(
+                    "dropping expired session %s: not collected within %.0f s",
+                    session.id,
+                    settings.keep_closed_s,
+                )
+                ctx.registry.remove(session)
+                if ctx.journal is not None:
+                    ctx.journal.close(session.id)
+
+
+async def reap_forever(ctx: ServerContext, interval_s: float = 1.0) -> None:
+    while True:
+        reap_once(ctx)
+        await trio.sleep(interval_s)
+
+
+class PauseGate:
+    """Turns pass while open; `pause` closes it and waits for in-flight turns."""
+
+    def __init__(self, wait_s: float) -> None:
+        self._wait_s = wait_s
+        self._open = trio.Event()
+        self._open.set()
+        self.inflight = 0
+        self._idle = trio.Event()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    async def pause(self) -> None:
+        if not self.paused:
+            self._open = trio.Event()
+        while self.inflight:
+            await self._idle.wait()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """Admit one turn (waiting out a pause) and count it while it runs."""
+        if self.paused:
+            with trio.move_on_after(self._wait_s):
+                await self._open.wait()
+            if self.paused:
+                raise ServerPaused(
+                    "turns are paused for a weight update",
+                    retry_after_s=max(1, math.ceil(self._wait_s)),
+                )
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+            if not self.inflight:
+                self._idle.set()
+                self._idle = trio.Event()
