@@ -147,6 +147,29 @@ async def child(
         await stop(process)
 
 
+@asynccontextmanager
+async def children(specs: Sequence[tuple[str, Sequence[str]]]) -> Any:
+    """Start several children in parallel (each as `child`); yields them in order."""
+    started: list[Child | None] = [None] * len(specs)
+    all_up, release = trio.Event(), trio.Event()
+
+    async def hold(i: int, name: str, command: Sequence[str]) -> None:
+        async with child(name, command) as running:
+            started[i] = running
+            if all(c is not None for c in started):
+                all_up.set()
+            await release.wait()
+
+    async with trio.open_nursery() as nursery:
+        for i, (name, command) in enumerate(specs):
+            nursery.start_soon(hold, i, name, command)
+        await all_up.wait()
+        try:
+            yield [c for c in started if c is not None]
+        finally:
+            release.set()
+
+
 async def stop(process: trio.Process, grace_s: float = 10) -> None:
     if process.returncode is None:
         process.send_signal(signal.SIGTERM)

@@ -54,16 +54,19 @@ def reap_once(ctx: ServerContext) -> None:
             if ttl is not None and now - session.last_active_at > ttl:
                 logger.info("session %s expired after %.0f s idle", session.id, ttl)
                 expire_session(ctx, session)
-        elif session.state is SessionState.EXPIRED and session.closed_at is not None:
-            if now - session.closed_at > settings.keep_closed_s:
-                logger.warning(
-                    "dropping expired session %s: not collected within %.0f s",
-                    session.id,
-                    settings.keep_closed_s,
-                )
-                ctx.registry.remove(session)
-                if ctx.journal is not None:
-                    ctx.journal.close(session.id)
+        elif (
+            session.state is SessionState.EXPIRED
+            and session.closed_at is not None
+            and now - session.closed_at > settings.keep_closed_s
+        ):
+            logger.warning(
+                "dropping expired session %s: not collected within %.0f s",
+                session.id,
+                settings.keep_closed_s,
+            )
+            ctx.registry.remove(session)
+            if ctx.journal is not None:
+                ctx.journal.close(session.id)
 
 
 async def reap_forever(ctx: ServerContext, interval_s: float = 1.0) -> None:

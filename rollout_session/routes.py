@@ -19,7 +19,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from .context import ServerContext
 from .errors import InvalidRequest, RequestTooLarge, SessionClosing
 from .export import ExportStatus, export_document, parse_include, sample_view, serialize
-from .protocol import parse_json_object, peek_stream_mode
+from .protocol import parse_json_object
 from .sessions import SessionState
 from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS, sse_body
 from .turns import run_turn
@@ -164,12 +164,12 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
         body = await read_body()
         # The turn is committed and its slot released when run_turn returns:
         # an agent that goes away while the SSE is sent loses nothing.
-        reply = await run_turn(ctx, session_id, body)
+        outcome = await run_turn(ctx, session_id, body)
+        reply = outcome.reply
         # Errors (ours, raised above, or the worker's non-200) stay JSON with
         # their status, streaming or not, so SDKs raise the typed exception.
-        mode = await ctx.offload(len(body), peek_stream_mode, body) if reply.status == 200 else None
-        if mode is not None:
-            events = await ctx.offload(len(reply.body), sse_body, reply.body, mode)
+        if reply.status == 200 and outcome.stream is not None:
+            events = await ctx.offload(len(reply.body), sse_body, reply.body, outcome.stream)
             return Response(events, headers=SSE_HEADERS, content_type=SSE_CONTENT_TYPE)
         headers = Headers([(k, v) for k, v in reply.headers if k.lower() != "content-type"])
         content_type = next(

@@ -30,14 +30,14 @@ from .errors import (
     UpstreamMalformed,
 )
 from .messages import Message, assistant_message, common_prefix
-from .protocol import ChatRequest, parse_chat_request
+from .protocol import ChatRequest, StreamMode, parse_chat_request
 from .sessions import Session, SessionState, TurnSlot
 from .tokenization import missing_turn_end
 from .trajectory import IdArray, Turn
 from .upstream import UpstreamReply
 from .validation import WorkerAnswer, decode_routed_experts, parse_worker_answer
 
-__all__ = ["TurnPlan", "commit_turn", "plan_turn", "run_turn"]
+__all__ = ["TurnOutcome", "TurnPlan", "commit_turn", "plan_turn", "run_turn"]
 
 # Fields the server owns in the upstream request (DESIGN §4.1 step 4).
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
@@ -207,12 +207,18 @@ def commit_turn(
     return turn
 
 
-async def run_turn(ctx: ServerContext, session_id: str, body: bytes) -> UpstreamReply:
-    """Run one turn; return the worker's reply to pass through to the agent."""
+@dataclass(slots=True, frozen=True)
+class TurnOutcome:
+    reply: UpstreamReply  # the worker's answer, passed through
+    stream: StreamMode | None  # how the agent wants it: SSE, or None for JSON
+
+
+async def run_turn(ctx: ServerContext, session_id: str, body: bytes) -> TurnOutcome:
+    """Run one turn; the slot is released and the turn committed on return."""
     started = time.perf_counter()
     metrics = ctx.metrics
     try:
-        reply = await _admitted_turn(ctx, session_id, body)
+        outcome = await _admitted_turn(ctx, session_id, body)
     except RolloutSessionError as exc:
         metrics.turns.labels("error", exc.code).inc()
         if isinstance(exc, SessionBusy):
@@ -223,16 +229,17 @@ async def run_turn(ctx: ServerContext, session_id: str, body: bytes) -> Upstream
     except trio.Cancelled:
         metrics.turns.labels("cancelled", "cancelled").inc()
         raise
+    reply = outcome.reply
     if reply.status != 200:
         metrics.turns.labels("worker_error", str(reply.status)).inc()
-        return reply
+        return outcome
     metrics.turns.labels("ok", "ok").inc()
     metrics.upstream_latency.observe(reply.latency_s)
     metrics.overhead.observe(max(time.perf_counter() - started - reply.latency_s, 0.0))
-    return reply
+    return outcome
 
 
-async def _admitted_turn(ctx: ServerContext, session_id: str, body: bytes) -> UpstreamReply:
+async def _admitted_turn(ctx: ServerContext, session_id: str, body: bytes) -> TurnOutcome:
     registry = ctx.registry
     session = registry.get(session_id)
     async with ctx.pause.turn():
@@ -246,7 +253,7 @@ async def _admitted_turn(ctx: ServerContext, session_id: str, body: bytes) -> Up
             session.release(slot, registry.clock())
 
 
-async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: bytes) -> UpstreamReply:
+async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: bytes) -> TurnOutcome:
     request = await ctx.offload(len(body), parse_chat_request, body)
     plan = await ctx.offload(len(body), plan_turn, session, request, ctx)
     wanted = len(plan.input_ids) + (request.max_tokens or 0)
@@ -273,7 +280,7 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
     if reply.status != 200:
         # The worker's own error (e.g. SGLang's 400 for a long prompt) is the
         # agent's answer; nothing is committed.
-        return reply
+        return TurnOutcome(reply, request.stream_mode)
     answer = await ctx.offload(
         len(reply.body),
         parse_worker_answer,
@@ -298,4 +305,4 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
         # meanwhile waits for this (bounded) write rather than cut it short.
         with trio.CancelScope(shield=True):
             await ctx.journal.wait_durable()
-    return reply
+    return TurnOutcome(reply, request.stream_mode)

@@ -119,7 +119,8 @@ async def fetch_model_info(client: httpx.AsyncClient) -> ModelInfo:
     data = models.get("data") or [{}]
     max_len = data[0].get("max_model_len")
     return ModelInfo(
-        model=str(info.get("model_path") or data[0].get("id") or "unknown"),
+        # The served name (SGLang's --served-model-name) is what agents send.
+        model=str(data[0].get("id") or info.get("model_path") or "unknown"),
         tokenizer_path=info.get("tokenizer_path"),
         max_model_len=max_len if isinstance(max_len, int) else None,
     )

@@ -15,7 +15,7 @@ import orjson
 import pytest
 import trio
 
-from rollout_session.protocol import StreamMode, parse_chat_request, peek_stream_mode
+from rollout_session.protocol import StreamMode, parse_chat_request
 from rollout_session.streaming import LOGPROB_ENTRIES, encode_events, sse_body, stream_chunks
 from rollout_session.testing.emulator import EmulatorConfig
 
@@ -178,9 +178,9 @@ def test_sse_framing_round_trips() -> None:
     assert encode_events([]) == b"data: [DONE]\n\n"
 
 
-# -- reading the stream mode of a request ------------------------------------
+# -- the stream mode of a request ---------------------------------------------
 
-PEEKS: list[tuple[str, dict[str, Any], StreamMode | None]] = [
+MODES: list[tuple[str, dict[str, Any], StreamMode | None]] = [
     ("absent", {}, None),
     ("false", {"stream": False, "stream_options": {"include_usage": True}}, None),
     ("plain", {"stream": True}, StreamMode()),
@@ -191,10 +191,10 @@ PEEKS: list[tuple[str, dict[str, Any], StreamMode | None]] = [
 ]
 
 
-@pytest.mark.parametrize(("fields", "expected"), [p[1:] for p in PEEKS], ids=[p[0] for p in PEEKS])
-def test_peek_agrees_with_the_full_parse(fields: dict[str, Any], expected: Any) -> None:
+@pytest.mark.parametrize(("fields", "expected"), [p[1:] for p in MODES], ids=[p[0] for p in MODES])
+def test_stream_mode_of_a_request(fields: dict[str, Any], expected: Any) -> None:
     body = orjson.dumps({"messages": USER, **fields})
-    assert peek_stream_mode(body) == expected == parse_chat_request(body).stream_mode
+    assert parse_chat_request(body).stream_mode == expected
 
 
 BAD_STREAM: list[tuple[str, dict[str, Any]]] = [

@@ -1,0 +1,509 @@
+"""Durable journal of session events (opt-in ``--journal DIR``).
+
+Owns the journal directory: replaying it at start (`Journal.open`), appending
+session events as they happen (`create`, `turn`, `expire`, `close`), making
+them durable off the event loop (`run`, `wait_durable`), and compacting away
+collected sessions. The record format lives in `journal_format`.
+
+On disk (details in `journal_format`): segments ``journal-NNNNNN.log``, each
+self-contained (``begin``, one ``snapshot`` per live session, then appended
+events), framed as ``u32 length | u32 crc32 | body``. The highest-numbered
+segment wins. Compaction writes ``journal-(N+1).log.tmp``, fsyncs it, renames
+it into place and fsyncs the directory, then deletes the older segments: a
+crash at any point leaves either the old segment alone, or the new one (and
+maybe stale older ones, ignored and deleted at the next start). A torn or
+corrupt tail (crash mid-write) is logged and truncated; everything before it
+is replayed. ``LOCK`` (flock) keeps a second process out.
+
+Contract with the caller: every in-memory change of a journaled session is
+reported right after it happens, with no ``await`` in between (`create`
+after the registry made the session, `turn` after `commit_turn`, `expire`
+after the server closed it, `close` when it is collected or dropped). These
+calls only encode the delta and enqueue it (O(new tokens)); a single writer
+task batches records, frames them (crc) and writes them with ``os.writev`` in
+a worker thread. Hence the queue plus the files always replay to exactly the
+in-memory state, which is what lets compaction snapshot a live session at any
+moment and skip the queued records that snapshot already covers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from . import journal_format as fmt
+from .journal_format import JournalError, Parts, Replay, framed_size, write_records
+from .sessions import Session
+
+__all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalStats"]
+
+logger = logging.getLogger("rollout_session.journal")
+
+FSYNC_POLICIES = frozenset({"always", "interval", "never"})
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    fsync: str
+    fsync_interval_s: float
+    compact_dead_ratio: float
+    compact_min_dead_bytes: int
+    max_batch_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStats:
+    segment: int
+    bytes: int  # size of the current segment
+    dead_bytes: int  # of it, records of collected sessions
+    sessions: int
+    records_written: int
+    fsyncs: int
+    compactions: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    seq: int
+    session_id: str
+    parts: Parts
+    size: int  # framed
+    enqueued_at: float  # time.monotonic()
+    close: bool = False
+
+
+def _replay_segment(path: Path, number: int, replay: Replay) -> int:
+    """Apply one segment; truncate a torn/corrupt tail. Returns its good size."""
+    # Read whole: records keep views into it until replay has copied them.
+    data = path.read_bytes()
+    records, end, problem = fmt.scan(data)
+    begin = records[0].meta if records else {}
+    if begin.get("t") != "begin":
+        # Segments only appear by rename once complete: this is not ours.
+        raise JournalError(f"{path} does not start with a journal header ({problem})")
+    if begin.get("v") != fmt.VERSION:
+        raise JournalError(f"{path} has journal format {begin.get('v')}, this is {fmt.VERSION}")
+    if begin.get("seg") != number:
+        logger.warning("journal %s: header says segment %s", path, begin.get("seg"))
+    if problem is not None:
+        logger.warning(
+            "journal %s: %s at offset %d; dropping its last %d bytes",
+            path,
+            problem,
+            end,
+            len(data) - end,
+        )
+        if not problem.startswith("torn"):
+            # Not a plain crash mid-write: keep the bytes for a post-mortem.
+            path.with_name(f"{path.name}.bad-{end}").write_bytes(data[end:])
+        with path.open("r+b") as f:
+            f.truncate(end)
+            os.fsync(f.fileno())
+    for record in records[1:]:
+        replay.apply(record)
+    return end
+
+
+class Journal:
+    """The journal of one server. Build it with `Journal.open`."""
+
+    def __init__(self, directory: Path, options: _Options, lock_fd: int) -> None:
+        self.directory = directory
+        self._options = options
+        self._lock_fd = lock_fd
+        self._fd: int | None = None
+        self._segment = 0
+        # Journaled sessions still in the registry: what compaction snapshots.
+        self._sessions: dict[str, Session] = {}
+        self._live_bytes: dict[str, int] = {}
+        self._dead_bytes = 0
+        self._total_bytes = 0
+        self._pending: deque[_Pending] = deque()
+        self._inflight: list[_Pending] = []
+        self._seq = 0  # last enqueued
+        self._written_seq = 0  # every record up to it is in the OS
+        self._synced_seq = 0  # ... and on disk
+        # After a compaction: records of a session up to this seq are already
+        # in the new segment's snapshot (or the session is gone): skip them.
+        self._skip_upto: dict[str, int] = {}
+        self._wake = trio.Event()
+        self._progress = trio.Event()
+        self._stopped = trio.Event()
+        self._unsynced = False
+        self._last_sync = -math.inf
+        self._running = self._closing = self._closed = False
+        self._compact_requested = self._compacting = False
+        self._failure: BaseException | None = None
+        self._records_written = self._fsyncs = self._compactions = 0
+
+    # --- opening and replay ---
+
+    @classmethod
+    async def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        fsync: str = "interval",
+        fsync_interval_s: float = 1.0,
+        compact_dead_ratio: float = 0.5,
+        compact_min_dead_bytes: int = 64 << 20,
+        max_batch_bytes: int = 16 << 20,
+        now: float | None = None,
+    ) -> tuple[Journal, list[Session]]:
+        """Open (or create) DIR, replay it, and return the journal plus every
+        session it restores (creation order) for the registry. Restored
+        sessions are open or expired; their ``last_active_at`` is ``now``
+        (downtime is not idleness). Replay runs in a worker thread; then, if
+        collected sessions hold over `compact_dead_ratio` of the bytes, the
+        journal is compacted before it is returned."""
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {sorted(FSYNC_POLICIES)}, got {fsync!r}")
+        options = _Options(
+            fsync, fsync_interval_s, compact_dead_ratio, compact_min_dead_bytes, max_batch_bytes
+        )
+        at = time.time() if now is None else now
+        self, sessions = await trio.to_thread.run_sync(cls._replay, Path(directory), options, at)
+        try:
+            if self._fd is None:
+                await self._compact()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        return self, sessions
+
+    @classmethod
+    def _replay(
+        cls, directory: Path, options: _Options, now: float
+    ) -> tuple[Journal, list[Session]]:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise JournalError(f"journal {directory} is in use by another process") from None
+            for tmp in directory.glob("journal-*.log.tmp"):
+                logger.warning("journal: removing unfinished compaction %s", tmp)
+                tmp.unlink()
+            self = cls(directory, options, lock_fd)
+            replay = Replay(now)
+            segments = fmt.segments(directory)
+            if segments:
+                self._segment, path = segments[-1]
+                self._total_bytes = _replay_segment(path, self._segment, replay)
+            sessions = replay.finish()
+            self._sessions = {s.id: s for s in sessions}
+            for sid, size in replay.live_bytes.items():
+                if sid in self._sessions:
+                    self._live_bytes[sid] = size
+                else:  # dropped as unreadable: as good as collected
+                    self._dead_bytes += size
+            self._dead_bytes += replay.dead_bytes
+            if segments and self._dead_bytes <= options.compact_dead_ratio * self._total_bytes:
+                # Keep appending to the newest segment (no fd: `open` compacts).
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+                for _, older in segments[:-1]:  # a compaction's crash leftovers
+                    logger.info("journal: removing superseded segment %s", older)
+                    older.unlink()
+            return self, sessions
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    def _switch(self, number: int, fd: int, live: dict[str, int], total: int) -> None:
+        old, self._fd, self._segment = self._fd, fd, number
+        if old is not None:
+            os.close(old)
+        self._live_bytes, self._total_bytes, self._dead_bytes = live, total, 0
+        self._compactions += 1
+
+    # --- events (synchronous, on the event loop, right after the change) ---
+
+    def create(self, session: Session) -> None:
+        if session.id in self._sessions:
+            raise JournalError(f"session {session.id} is journaled already")
+        self._enqueue(session.id, fmt.encode(fmt.create_meta(session)))
+        self._sessions[session.id] = session
+
+    def turn(self, session: Session, experts: tuple[bytes, int] | None = None) -> None:
+        """Record the turn `commit_turn` just applied, as a delta: O(new tokens).
+        `experts` is what was passed to it (None when no routed experts)."""
+        self._known(session)
+        self._enqueue(session.id, fmt.turn_parts(session, experts[0] if experts else None))
+
+    def expire(self, session: Session) -> None:
+        """The server closed the session; replay restores it as expired."""
+        self._known(session)
+        meta = {"t": "expire", "id": session.id, "cl": session.closed_at, "worker": session.worker}
+        self._enqueue(session.id, fmt.encode(meta))
+
+    def close(self, session_id: str) -> None:
+        """The session is collected (DELETE) or dropped: replay forgets it."""
+        if self._sessions.pop(session_id, None) is not None:
+            self._enqueue(session_id, fmt.encode({"t": "close", "id": session_id}), close=True)
+
+    def _known(self, session: Session) -> None:
+        if self._sessions.get(session.id) is not session:
+            raise JournalError(f"session {session.id} was not journaled")
+
+    def _enqueue(self, session_id: str, parts: Parts, *, close: bool = False) -> None:
+        self._check()
+        if self._closing:
+            raise JournalError("journal is closed")
+        self._seq += 1
+        rec = _Pending(self._seq, session_id, parts, framed_size(parts), time.monotonic(), close)
+        self._pending.append(rec)
+        self._wake.set()
+
+    # --- durability ---
+
+    async def wait_durable(self) -> None:
+        """Return once every record enqueued before the call is written.
+
+        With fsync ``always`` that means on disk (fsynced, group-committed per
+        batch). With ``interval``/``never`` it means handed to the OS: it
+        survives the process dying (kill -9) but not a power loss or kernel
+        crash; ``interval`` bounds that window to `fsync_interval_s`.
+        Raises `JournalError` if the writer failed.
+        """
+        target = self._seq
+        while (self._synced_seq if self._options.fsync == "always" else self._written_seq) < target:
+            self._check()
+            await self._progress.wait()
+
+    def lag(self) -> tuple[int, float]:
+        """(records not yet durable, age in seconds of the oldest of them)."""
+        count = len(self._inflight) + len(self._pending)
+        if not count:
+            return 0, 0.0
+        first = self._inflight[0] if self._inflight else self._pending[0]
+        return count, time.monotonic() - first.enqueued_at
+
+    def stats(self) -> JournalStats:
+        return JournalStats(
+            self._segment,
+            self._total_bytes,
+            self._dead_bytes,
+            len(self._sessions),
+            self._records_written,
+            self._fsyncs,
+            self._compactions,
+        )
+
+    @property
+    def _out(self) -> int:
+        if self._fd is None:
+            raise JournalError("the journal has no open segment")
+        return self._fd
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise JournalError("the journal writer failed") from self._failure
+
+    def _notify(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    # --- the writer task ---
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The single writer. Returns after `aclose`; on cancellation it still
+        flushes and fsyncs (shielded). A write error is fatal: it is raised
+        here and from every later `wait_durable`/event call."""
+        if self._running or self._closed:
+            raise RuntimeError("Journal.run is already running or closed")
+        self._running = True
+        self._last_sync = trio.current_time()
+        task_status.started()
+        try:
+            await self._write_forever()
+        except BaseException as exc:
+            if not isinstance(exc, trio.Cancelled):
+                self._failure = exc
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._shutdown()
+
+    async def _write_forever(self) -> None:
+        while True:
+            self._wake = trio.Event()  # fresh before looking: no lost wake-up
+            if self._compact_requested or self._compaction_due():
+                await self._compact()
+            elif self._pending:
+                await self._write_batch()
+            elif self._closing:
+                return
+            elif trio.current_time() < self._fsync_deadline():
+                with trio.move_on_at(self._fsync_deadline()):
+                    await self._wake.wait()
+                continue
+            # Checked after every batch too: steady load must not starve it.
+            if trio.current_time() >= self._fsync_deadline():
+                await self._fsync()
+
+    def _compaction_due(self) -> bool:
+        dead, options = self._dead_bytes, self._options
+        return (
+            dead > options.compact_min_dead_bytes
+            and dead > options.compact_dead_ratio * self._total_bytes
+        )
+
+    def _fsync_deadline(self) -> float:
+        if self._unsynced and self._options.fsync == "interval":
+            return self._last_sync + self._options.fsync_interval_s
+        return math.inf
+
+    async def _write_batch(self) -> None:
+        batch: list[_Pending] = []
+        size = 0
+        while self._pending and (
+            not batch or size + self._pending[0].size <= self._options.max_batch_bytes
+        ):
+            batch.append(self._pending.popleft())
+            size += batch[-1].size
+        self._inflight = batch
+        keep = [r for r in batch if r.seq > self._skip_upto.get(r.session_id, 0)]
+        sync = self._options.fsync == "always"
+        if keep:
+            await trio.to_thread.run_sync(write_records, self._out, [r.parts for r in keep], sync)
+        self._inflight = []
+        for rec in keep:
+            if rec.close:
+                self._dead_bytes += self._live_bytes.pop(rec.session_id, 0) + rec.size
+            else:
+                self._live_bytes[rec.session_id] = (
+                    self._live_bytes.get(rec.session_id, 0) + rec.size
+                )
+            self._total_bytes += rec.size
+        self._records_written += len(keep)
+        self._written_seq = batch[-1].seq
+        if sync:
+            self._fsyncs += bool(keep)
+            self._synced_seq = self._written_seq
+        elif keep:
+            self._unsynced = True
+        self._notify()
+
+    async def _fsync(self) -> None:
+        upto = self._written_seq
+        await trio.to_thread.run_sync(os.fsync, self._out)
+        self._fsyncs += 1
+        self._synced_seq = max(self._synced_seq, upto)
+        self._unsynced = self._written_seq > upto
+        self._last_sync = trio.current_time()
+
+    async def compact(self) -> None:
+        """Ask the writer to compact now; return once a compaction that
+        started after this call has finished."""
+        target = self._compactions + (2 if self._compacting else 1)
+        self._compact_requested = True
+        self._wake.set()
+        while self._compactions < target:
+            self._check()
+            if self._closed:
+                raise JournalError("journal is closed")
+            await self._progress.wait()
+
+    async def _compact(self) -> None:
+        """Rewrite the live sessions into a new segment, dropping the rest.
+        Appends wait meanwhile (single writer)."""
+        self._compact_requested = False
+        self._compacting = True
+        try:
+            while self._pending:  # everything so far goes to the old segment first
+                await self._write_batch()
+            covered = self._written_seq
+            number = self._segment + 1
+            tmp = self.directory / f"{fmt.segment_name(number)}.tmp"
+            try:
+                fd = await trio.to_thread.run_sync(os.open, tmp, _CREATE, 0o644)
+                try:
+                    live, total, skip = await self._write_snapshots(fd, number)
+                finally:
+                    os.close(fd)
+                new_fd = await trio.to_thread.run_sync(
+                    fmt.install_segment, self.directory, number, tmp
+                )
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            self._switch(number, new_fd, live, total)
+            self._skip_upto = skip
+            self._synced_seq = max(self._synced_seq, covered)
+            self._unsynced = False
+            logger.info("journal: compacted into %s (%d bytes)", fmt.segment_name(number), total)
+        finally:
+            self._compacting = False
+            self._notify()
+
+    async def _write_snapshots(
+        self, fd: int, number: int
+    ) -> tuple[dict[str, int], int, dict[str, int]]:
+        """Write the begin record and a snapshot per live session, fsync.
+
+        Each session is copied on the loop in one synchronous step, so its
+        snapshot holds every record enqueued for it so far: the returned skip
+        map says which queued records are covered (or of sessions gone)."""
+        chunk = [fmt.encode(fmt.begin_meta(number))]
+        total = unwritten = framed_size(chunk[0])
+        live: dict[str, int] = {}
+        skip: dict[str, int] = {}
+        for sid in list(self._sessions):
+            session = self._sessions.get(sid)
+            if session is not None:  # else closed meanwhile: dropped
+                chunk.append(fmt.snapshot_parts(session))
+                live[sid] = framed_size(chunk[-1])
+                total += live[sid]
+                unwritten += live[sid]
+            skip[sid] = self._seq
+            if unwritten >= self._options.max_batch_bytes:
+                await trio.to_thread.run_sync(write_records, fd, chunk, False)
+                chunk, unwritten = [], 0
+            else:  # one session's copy per step keeps the loop responsive
+                await trio.lowlevel.checkpoint()
+        await trio.to_thread.run_sync(write_records, fd, chunk, True)
+        return live, total, skip
+
+    # --- shutdown ---
+
+    async def aclose(self) -> None:
+        """Flush and fsync everything, stop the writer, release the directory."""
+        self._closing = True
+        if self._running:
+            self._wake.set()
+            await self._stopped.wait()
+        elif not self._closed:
+            await self._shutdown()
+        self._check()
+
+    async def _shutdown(self) -> None:
+        self._closing = True
+        try:
+            if self._failure is None and self._fd is not None:
+                while self._pending:
+                    await self._write_batch()
+                await self._fsync()
+        except BaseException as exc:
+            self._failure = self._failure or exc
+            raise
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._closed = True
+            self._running = False
+            self._stopped.set()
+            self._notify()

@@ -1,0 +1,170 @@
+"""Property test: hostile or malformed requests across all routes never get a
+5xx and never change a committed trajectory.
+
+The default profile sends 2,400 requests (240 examples × 10); a longer run:
+``scripts/fuzz`` (``--hypothesis-profile=long``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .conftest import Stack
+
+settings.register_profile(
+    "ci", max_examples=240, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.register_profile(
+    "long", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.load_profile("ci")
+
+PROTECTED = "protected-session"
+OTHER = "other-session"
+KEY = "k3y"
+
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
+    st.sampled_from(["user", "assistant", "tool", "system", "", "\u0000", "🚀" * 10]),
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+def dumps(value: Any) -> bytes:
+    # stdlib json: it writes integers past 64 bits, which orjson refuses to.
+    return json.dumps(value).encode()
+
+
+def deep(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = {"messages": [value]}
+    return value
+
+
+message = st.fixed_dictionaries(
+    {"role": json_value | st.sampled_from(["user", "tool", "assistant", "wizard"])},
+    optional={
+        "content": json_value,
+        "tool_calls": json_value,
+        "reasoning_content": json_value,
+        "tool_call_id": json_value,
+        "name": json_value,
+    },
+)
+# Chat bodies that look almost right: each carries at least one defect.
+almost_chat = st.fixed_dictionaries(
+    {"messages": st.lists(message, max_size=4) | json_value},
+    optional={
+        "n": st.integers(2, 10) | json_value,
+        "max_tokens": st.integers(max_value=0) | st.floats() | json_value,
+        "temperature": st.floats(min_value=2.01) | st.text(),
+        "tools": json_value,
+        "stream": json_value,
+        "stop": st.integers() | st.lists(st.integers(), min_size=1),
+        "seed": st.floats(allow_nan=False) | st.text(),
+    },
+).filter(lambda body: not _maybe_valid(body))
+
+
+def _maybe_valid(body: dict[str, Any]) -> bool:
+    """Could the server accept this as a turn? Those are not hostile input."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        return False
+    ok_role = all(isinstance(m, dict) and m.get("role") in ("user", "tool", "system") for m in msgs)
+    return ok_role and set(body) == {"messages"}
+
+
+session_ids = st.sampled_from([PROTECTED, OTHER, "missing", "../etc", "a" * 300, "%00", "ü"])
+body = st.one_of(
+    json_value.map(dumps),
+    almost_chat.map(dumps),
+    st.binary(max_size=64),
+    st.integers(1, 120).map(lambda d: dumps(deep(d)) if d < 100 else b"[" * d),
+    st.just(b"{" * 5000),
+)
+route = st.sampled_from(
+    [
+        ("POST", "/sessions"),
+        ("GET", "/sessions"),
+        ("GET", "/sessions/{sid}"),
+        ("GET", "/sessions/{sid}/trajectory"),
+        ("POST", "/sessions/{sid}/v1/chat/completions"),
+        ("GET", "/sessions/{sid}/v1/models"),
+        ("DELETE", "/sessions/{sid}"),
+        ("GET", "/workers"),
+        ("POST", "/workers"),
+        ("DELETE", "/workers"),
+        ("GET", "/health"),
+        ("GET", "/metrics"),
+        ("PUT", "/sessions/{sid}"),
+        ("GET", "/no/such/route"),
+    ]
+)
+query = st.dictionaries(
+    st.sampled_from(["state", "limit", "after", "include", "format", "url"]),
+    st.text(max_size=20) | st.sampled_from(["-1", "0", "99999999999", "sample", "open"]),
+    max_size=3,
+)
+auth = st.sampled_from([None, f"Bearer {KEY}", "Bearer wrong", "Basic abc", f"bearer {KEY}"])
+request = st.tuples(route, session_ids, body, query, auth)
+
+
+async def send(client: httpx.AsyncClient, spec: Any) -> httpx.Response:
+    (method, path), sid, content, params, key = spec
+    if method == "DELETE" and sid == PROTECTED:
+        sid = OTHER  # collecting the protected session would be legitimate
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["authorization"] = key
+    return await client.request(
+        method, path.format(sid=sid), content=content, params=params, headers=headers
+    )
+
+
+async def test_hostile_requests_never_5xx_nor_change_history(make_stack: Any) -> None:
+    stack: Stack = await make_stack(api_key=KEY, max_body_mb=1)
+    stack.client.headers["authorization"] = f"Bearer {KEY}"
+    for sid in (PROTECTED, OTHER):
+        assert (await stack.client.post("/sessions", json={"session_id": sid})).status_code == 201
+        turn = await stack.chat(sid, messages=[{"role": "user", "content": "hello"}])
+        assert turn.status_code == 200
+    before = (await stack.client.get(f"/sessions/{PROTECTED}/trajectory")).content
+    statuses: list[int] = []
+    client = httpx.AsyncClient(base_url=stack.url, timeout=30)
+
+    # Hypothesis drives a synchronous test: it runs in a worker thread and
+    # hands each request to this trio loop, where the servers live.
+    @given(st.lists(request, min_size=10, max_size=10))
+    def run(specs: list[Any]) -> None:
+        for spec in specs:
+            response = trio.from_thread.run(send, client, spec)
+            statuses.append(response.status_code)
+            assert response.status_code < 500, (spec, response.text)
+            if response.status_code >= 400:
+                error = response.json()["error"]
+                assert error["code"] and error["message"]
+
+    try:
+        await trio.to_thread.run_sync(run)
+    finally:
+        await client.aclose()
+    assert len(statuses) >= 2000
+    assert (await stack.client.get(f"/sessions/{PROTECTED}/trajectory")).content == before
