@@ -41,9 +41,9 @@ _CHILD_ENV = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED
 
 
 def tokenizer_path() -> str:
-    from rollout_session.testing import test_tokenizer_path
+    from rollout_session.testing import bundled_tokenizer_path
 
-    return str(test_tokenizer_path())
+    return str(bundled_tokenizer_path())
 
 
 # -- child processes ------------------------------------------------------------
@@ -117,8 +117,10 @@ async def child(
     """Start `command`, wait for its "... listening on URL" line, stop it on exit."""
     log = _LOG_DIR / f"{name}.log"
     with log.open("wb") as err:
+        # A neutral working directory: `python -m` puts the cwd first on
+        # sys.path, which would shadow a PYTHONPATH-selected package.
         process = await trio.lowlevel.open_process(
-            list(command), stdout=subprocess.PIPE, stderr=err, env=_CHILD_ENV
+            list(command), stdout=subprocess.PIPE, stderr=err, env=_CHILD_ENV, cwd=_LOG_DIR
         )
     assert process.stdout is not None
     running: Child | None = None
@@ -198,24 +200,73 @@ def bench_command(script: str, *flags: str) -> list[str]:
 # -- /health probe ----------------------------------------------------------------
 
 
+@dataclass
+class Probe:
+    """A running /health probe; `latencies` (seconds) is filled when it stops."""
+
+    process: Child
+    latencies: list[float] = field(default_factory=list)
+
+
 @asynccontextmanager
 async def health_probe(url: str, interval_s: float = 0.01) -> Any:
-    """Poll ``url/health`` from a separate process; yields a list filled on exit
-    with the latencies (seconds) seen while the block ran."""
-    latencies: list[float] = []
+    """Poll ``url/health`` from a separate process while the block runs."""
     command = bench_command("_probe.py", f"{url}/health", "--interval-s", str(interval_s))
-    async with child("health-probe", command, marker="probing") as probe:
+    async with child("health-probe", command, marker="probing") as running:
+        probe = Probe(running)
         try:
-            yield latencies
+            yield probe
         finally:
-            probe.process.send_signal(signal.SIGINT)
+            running.process.send_signal(signal.SIGINT)
             with trio.move_on_after(30):
-                await probe.process.wait()
+                await running.process.wait()
             await trio.sleep(0.05)
-            text = b"".join(probe._stdout).decode()
+            text = b"".join(running._stdout).decode()
             for line in text.splitlines():
                 if line.startswith("{"):
-                    latencies.extend(json.loads(line)["latencies_s"])
+                    probe.latencies.extend(json.loads(line)["latencies_s"])
+
+
+# -- machine load during a measurement ---------------------------------------------
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores spent busy since boot (from /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
+
+
+@dataclass
+class Window:
+    """CPU use during a measured window: ours (listed children + this process)
+    and everybody else's ("foreign": other work sharing the machine)."""
+
+    ours: Sequence[Child]
+    _wall: float = 0.0
+    _machine: float = 0.0
+    _self: float = 0.0
+    _children: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._wall = time.perf_counter()
+        self._machine = machine_busy_s()
+        self._self = time.process_time()
+        self._children = [c.cpu_s() for c in self.ours]
+
+    def finish(self) -> dict[str, float]:
+        wall = time.perf_counter() - self._wall
+        machine = machine_busy_s() - self._machine
+        own = time.process_time() - self._self
+        kids = [c.cpu_s() - before for c, before in zip(self.ours, self._children, strict=True)]
+        ours = own + sum(kids)
+        return {
+            "wall_s": wall,
+            "self_cpu_s": own,
+            **{f"{c.name}_cpu_s": k for c, k in zip(self.ours, kids, strict=True)},
+            "machine_cores": machine / wall,
+            "foreign_cores": max(machine - ours, 0.0) / wall,
+        }
 
 
 # -- profiling --------------------------------------------------------------------

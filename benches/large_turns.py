@@ -46,6 +46,7 @@ import orjson
 import trio
 from _common import (
     Child,
+    Window,
     bench_command,
     child,
     emulator_command,
@@ -261,18 +262,16 @@ async def measure(
             if args.profile and front_child is not None
             else None
         )
-        async with health_probe(measured.url, args.health_interval_s) as health:
-            front0, up0 = measured.sample(), upstream.sample()
-            cpu0 = time.process_time()
-            started = time.perf_counter()
+        async with health_probe(measured.url, args.health_interval_s) as probe:
+            processes = [measured, probe.process] + ([upstream] if front_child else [])
+            window = Window(processes)
             async with profile(front_child, prof_path):
                 load = await run_load(front, mode, variant, args.sessions, rounds, args.turns)
-            wall = time.perf_counter() - started
-            client_cpu = time.process_time() - cpu0
-            front_share, up_share = measured.cpu_share(front0), upstream.cpu_share(up0)
+            usage = window.finish()
+        health = probe.latencies
         rss, peak = measured.memory_mib()
     chats = load.chats
-    front_cpu = front_share * wall / chats if front_child else math.nan
+    wall = usage["wall_s"]
     return {
         "variant": variant.name,
         "upstream": upstream_name,
@@ -288,9 +287,12 @@ async def measure(
         "health n": len(health),
         "chat p50 ms": ms(pct(load.latencies, 50)),
         "chat p99 ms": ms(pct(load.latencies, 99)),
-        "front CPU ms/chat": ms(front_cpu),
-        "worker CPU ms/chat": ms(up_share * wall / chats),
-        "client CPU ms/chat": ms(client_cpu / chats),
+        "front CPU ms/chat": ms(usage[f"{measured.name}_cpu_s"] / chats)
+        if front_child
+        else math.nan,
+        "worker CPU ms/chat": ms(usage[f"{upstream.name}_cpu_s"] / chats),
+        "client CPU ms/chat": ms(usage["self_cpu_s"] / chats),
+        "foreign cores": usage["foreign_cores"],
         "front RSS MiB": rss if front_child else math.nan,
         "front peak MiB": peak if front_child else math.nan,
         "first error": load.errors[0] if load.errors else "",
@@ -374,6 +376,7 @@ _CPU_COLUMNS = [
     "client CPU ms/chat",
     "front RSS MiB",
     "front peak MiB",
+    "foreign cores",
     "errors",
 ]
 

@@ -183,6 +183,11 @@ async def main(args: argparse.Namespace) -> None:
     build_s = time.perf_counter() - started
     gc.collect()
     after = rss_bytes()
+    # A full collection has to walk every tracked object the sessions hold.
+    started = time.perf_counter()
+    gc.collect()
+    gc_pause_ms = 1000 * (time.perf_counter() - started)
+    tracked = len(gc.get_objects())
     stored = sum(len(s.trajectory) for s in sessions)
     arrays_used = 9 * stored
     arrays_alloc = sum(s.trajectory.tokens.nbytes for s in sessions)
@@ -208,6 +213,8 @@ async def main(args: argparse.Namespace) -> None:
             "turn records B/token": turns_each * len(sessions) / stored,
             "session total (deep) B/token": (session_each * len(sessions) + arrays_alloc) / stored,
             "build s": build_s,
+            "full gc ms": gc_pause_ms,
+            "gc-tracked objects": tracked,
         }
     ]
     print(table(rows))
@@ -261,6 +268,8 @@ _COLUMNS = [
     "turn records B/token",
     "session total (deep) B/token",
     "build s",
+    "full gc ms",
+    "gc-tracked objects",
 ]
 
 

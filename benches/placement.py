@@ -48,6 +48,7 @@ import httpx
 import orjson
 import trio
 from _common import (
+    Window,
     child,
     children,
     emulator_command,
@@ -148,10 +149,12 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
             sessions: list[str] = []
             async with httpx.AsyncClient(timeout=600, limits=limits) as client:
                 started = time.perf_counter()
+                window = Window([*workers, server])
                 async with trio.open_nursery() as agents:
                     for index in range(args.agents):
                         agents.start_soon(agent, client, server.url, index, args, sessions)
                 total_s = time.perf_counter() - started
+                usage = window.finish()
                 pool = (await client.get(f"{server.url}/workers")).json()
                 documents = []
                 for session_id in sessions:
@@ -193,6 +196,8 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
         "max/mean pinned": max_over_mean(pinned) if any(pinned) else math.nan,
         "requests per worker": "/".join(str(served[u]) for u in urls),
         "total s": total_s,
+        "ours cores": usage["machine_cores"] - usage["foreign_cores"],
+        "foreign cores": usage["foreign_cores"],
     }
 
 
@@ -235,6 +240,8 @@ _COLUMNS = [
     "requests per worker",
     "total s",
     "x round-robin",
+    "ours cores",
+    "foreign cores",
 ]
 
 

@@ -41,6 +41,7 @@ import orjson
 import trio
 from _common import (
     Child,
+    Window,
     child,
     emulator_command,
     load_average,
@@ -190,6 +191,7 @@ async def measure(
     overhead: list[float] = []
     errors: list[str] = []
     server_cpu = 0.0
+    window = Window([emulator, server])
     for rep in range(args.repeats):
         for mode in MODES:
             front = server if mode == "server" else emulator
@@ -207,6 +209,7 @@ async def measure(
             if mode == "server":
                 server_cpu += server.cpu_s() - before_server
                 overhead += await server_overheads(server.url, result)
+    usage = window.finish()
     direct, fair, through = (latencies[m] for m in MODES)
     n = {mode: max(len(v), 1) for mode, v in latencies.items()}
     return {
@@ -226,6 +229,7 @@ async def measure(
         "emulator CPU ms/turn direct": ms(emulator_cpu["direct"] / n["direct"]),
         "emulator CPU ms/turn direct-ids": ms(emulator_cpu["direct-ids"] / n["direct-ids"]),
         "emulator CPU ms/turn via server": ms(emulator_cpu["server"] / n["server"]),
+        "foreign cores": usage["foreign_cores"],
         "errors": len(errors),
         "first error": errors[0] if errors else "",
     }
@@ -251,6 +255,7 @@ _CPU_COLUMNS = [
     "emulator CPU ms/turn direct",
     "emulator CPU ms/turn direct-ids",
     "emulator CPU ms/turn via server",
+    "foreign cores",
     "errors",
 ]
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import trio
 
-from rollout_session.testing import test_tokenizer_path
+from rollout_session.testing import bundled_tokenizer_path
 
 
 async def start(command: list[str], marker: str, nursery: trio.Nursery) -> tuple[str, Any]:
@@ -89,7 +89,7 @@ async def main(args: argparse.Namespace) -> None:
                 "--log-level",
                 "warning",
                 "--tokenizer",
-                str(test_tokenizer_path()),
+                str(bundled_tokenizer_path()),
             ],
             "rollout-session listening on",
             nursery,

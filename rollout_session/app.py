@@ -103,6 +103,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
                 Path(settings.journal),
                 fsync=settings.journal_fsync,
                 fsync_interval_s=settings.journal_fsync_interval_s,
+                now=ctx.registry.clock(),
             )
             for session in restored:
                 ctx.registry.restore(session)

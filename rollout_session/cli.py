@@ -165,14 +165,14 @@ async def serve(settings: Settings) -> None:
 
 async def _start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
     from .testing.emulator import EmulatorConfig, start_emulator
-    from .testing.tokenizer import test_tokenizer_path
+    from .testing.tokenizer import bundled_tokenizer_path
 
     urls = list(settings.workers)
     for i in range(settings.demo_workers):
         running, _ = await start_emulator(nursery, EmulatorConfig(seed=i), host="127.0.0.1")
         print(f"demo SGLang emulator worker {i} on {running.url}", flush=True)
         urls.append(running.url)
-    tokenizer = settings.tokenizer or str(test_tokenizer_path())
+    tokenizer = settings.tokenizer or str(bundled_tokenizer_path())
     return replace(settings, workers=tuple(urls), tokenizer=tokenizer)
 
 

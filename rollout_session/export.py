@@ -18,13 +18,14 @@ results and other observations inside the response have mask 0).
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal
 
 import orjson
 
 from .errors import InvalidRequest
 from .sessions import Session
+from .trajectory import IdArray
 
 __all__ = [
     "DEFAULT_PARTS",
@@ -39,8 +40,9 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 ExportStatus = Literal["open", "closed", "expired"]
-OPTIONAL_PARTS: Final = frozenset({"turns", "messages", "routed_experts"})
-DEFAULT_PARTS: Final = OPTIONAL_PARTS
+OPTIONAL_PARTS: Final = frozenset({"turns", "messages", "routed_experts", "pieces"})
+# Pieces (each token decoded) are for people inspecting, not for training.
+DEFAULT_PARTS: Final = OPTIONAL_PARTS - {"pieces"}
 
 # Sample.Status of slime/miles from the last turn's finish reason.
 _SAMPLE_STATUS: Final = {
@@ -65,7 +67,10 @@ def parse_include(raw: str | None) -> frozenset[str]:
 
 
 def export_document(
-    session: Session, status: ExportStatus, include: Iterable[str] = DEFAULT_PARTS
+    session: Session,
+    status: ExportStatus,
+    include: Iterable[str] = DEFAULT_PARTS,
+    decode_pieces: Callable[[IdArray], list[str]] | None = None,
 ) -> dict[str, Any]:
     trajectory = session.trajectory
     tokens = trajectory.tokens
@@ -103,6 +108,8 @@ def export_document(
     if "messages" in parts:
         # Commits replace this list, never mutate it: a reference is a snapshot.
         doc["messages"] = session.messages
+    if "pieces" in parts and decode_pieces is not None:
+        doc["pieces"] = decode_pieces(doc["token_ids"])
     if "routed_experts" in parts and trajectory.experts_width is not None:
         width = trajectory.experts_width
         doc["routed_experts"] = {

@@ -1,29 +1,18 @@
 """Durable journal of session events (opt-in ``--journal DIR``).
 
-Owns the journal directory: replaying it at start (`Journal.open`), appending
-session events as they happen (`create`, `turn`, `expire`, `close`), making
-them durable off the event loop (`run`, `wait_durable`), and compacting away
-collected sessions. The record format lives in `journal_format`.
-
-On disk (details in `journal_format`): segments ``journal-NNNNNN.log``, each
-self-contained (``begin``, one ``snapshot`` per live session, then appended
-events), framed as ``u32 length | u32 crc32 | body``. The highest-numbered
-segment wins. Compaction writes ``journal-(N+1).log.tmp``, fsyncs it, renames
-it into place and fsyncs the directory, then deletes the older segments: a
-crash at any point leaves either the old segment alone, or the new one (and
-maybe stale older ones, ignored and deleted at the next start). A torn or
-corrupt tail (crash mid-write) is logged and truncated; everything before it
-is replayed. ``LOCK`` (flock) keeps a second process out.
+Owns the journal directory: replay at start (`Journal.open`), the events of
+journaled sessions (`create`, `turn`, `expire`, `close`), making them durable
+off the event loop (`run`, `wait_durable`), compaction, and `aclose`. Format
+and segment rules: `journal_format`. ``LOCK`` (flock) keeps a second process
+out.
 
 Contract with the caller: every in-memory change of a journaled session is
-reported right after it happens, with no ``await`` in between (`create`
-after the registry made the session, `turn` after `commit_turn`, `expire`
-after the server closed it, `close` when it is collected or dropped). These
-calls only encode the delta and enqueue it (O(new tokens)); a single writer
-task batches records, frames them (crc) and writes them with ``os.writev`` in
-a worker thread. Hence the queue plus the files always replay to exactly the
-in-memory state, which is what lets compaction snapshot a live session at any
-moment and skip the queued records that snapshot already covers.
+reported right after it happens, with no ``await`` in between. The event calls
+only encode the delta and enqueue it (O(new tokens)); one writer task batches
+records, frames them (crc32) and appends them with ``os.writev`` in a worker
+thread. So the files plus the queue always replay to exactly the in-memory
+state: compaction can snapshot a live session at any moment and skip the
+queued records that snapshot already covers.
 """
 
 from __future__ import annotations
@@ -82,38 +71,6 @@ class _Pending:
     close: bool = False
 
 
-def _replay_segment(path: Path, number: int, replay: Replay) -> int:
-    """Apply one segment; truncate a torn/corrupt tail. Returns its good size."""
-    # Read whole: records keep views into it until replay has copied them.
-    data = path.read_bytes()
-    records, end, problem = fmt.scan(data)
-    begin = records[0].meta if records else {}
-    if begin.get("t") != "begin":
-        # Segments only appear by rename once complete: this is not ours.
-        raise JournalError(f"{path} does not start with a journal header ({problem})")
-    if begin.get("v") != fmt.VERSION:
-        raise JournalError(f"{path} has journal format {begin.get('v')}, this is {fmt.VERSION}")
-    if begin.get("seg") != number:
-        logger.warning("journal %s: header says segment %s", path, begin.get("seg"))
-    if problem is not None:
-        logger.warning(
-            "journal %s: %s at offset %d; dropping its last %d bytes",
-            path,
-            problem,
-            end,
-            len(data) - end,
-        )
-        if not problem.startswith("torn"):
-            # Not a plain crash mid-write: keep the bytes for a post-mortem.
-            path.with_name(f"{path.name}.bad-{end}").write_bytes(data[end:])
-        with path.open("r+b") as f:
-            f.truncate(end)
-            os.fsync(f.fileno())
-    for record in records[1:]:
-        replay.apply(record)
-    return end
-
-
 class Journal:
     """The journal of one server. Build it with `Journal.open`."""
 
@@ -121,7 +78,7 @@ class Journal:
         self.directory = directory
         self._options = options
         self._lock_fd = lock_fd
-        self._fd: int | None = None
+        self._fd = -1  # append fd of the current segment
         self._segment = 0
         # Journaled sessions still in the registry: what compaction snapshots.
         self._sessions: dict[str, Session] = {}
@@ -174,7 +131,7 @@ class Journal:
         at = time.time() if now is None else now
         self, sessions = await trio.to_thread.run_sync(cls._replay, Path(directory), options, at)
         try:
-            if self._fd is None:
+            if self._fd < 0:  # no segment to append to, or worth compacting
                 await self._compact()
         except BaseException:
             os.close(self._lock_fd)
@@ -200,7 +157,7 @@ class Journal:
             segments = fmt.segments(directory)
             if segments:
                 self._segment, path = segments[-1]
-                self._total_bytes = _replay_segment(path, self._segment, replay)
+                self._total_bytes = fmt.replay_segment(path, self._segment, replay)
             sessions = replay.finish()
             self._sessions = {s.id: s for s in sessions}
             for sid, size in replay.live_bytes.items():
@@ -210,7 +167,6 @@ class Journal:
                     self._dead_bytes += size
             self._dead_bytes += replay.dead_bytes
             if segments and self._dead_bytes <= options.compact_dead_ratio * self._total_bytes:
-                # Keep appending to the newest segment (no fd: `open` compacts).
                 self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
                 for _, older in segments[:-1]:  # a compaction's crash leftovers
                     logger.info("journal: removing superseded segment %s", older)
@@ -219,13 +175,6 @@ class Journal:
         except BaseException:
             os.close(lock_fd)
             raise
-
-    def _switch(self, number: int, fd: int, live: dict[str, int], total: int) -> None:
-        old, self._fd, self._segment = self._fd, fd, number
-        if old is not None:
-            os.close(old)
-        self._live_bytes, self._total_bytes, self._dead_bytes = live, total, 0
-        self._compactions += 1
 
     # --- events (synchronous, on the event loop, right after the change) ---
 
@@ -282,7 +231,8 @@ class Journal:
             await self._progress.wait()
 
     def lag(self) -> tuple[int, float]:
-        """(records not yet durable, age in seconds of the oldest of them)."""
+        """For metrics: (records not yet durable in the `wait_durable` sense,
+        age in seconds of the oldest of them)."""
         count = len(self._inflight) + len(self._pending)
         if not count:
             return 0, 0.0
@@ -299,12 +249,6 @@ class Journal:
             self._fsyncs,
             self._compactions,
         )
-
-    @property
-    def _out(self) -> int:
-        if self._fd is None:
-            raise JournalError("the journal has no open segment")
-        return self._fd
 
     def _check(self) -> None:
         if self._failure is not None:
@@ -376,15 +320,14 @@ class Journal:
         keep = [r for r in batch if r.seq > self._skip_upto.get(r.session_id, 0)]
         sync = self._options.fsync == "always"
         if keep:
-            await trio.to_thread.run_sync(write_records, self._out, [r.parts for r in keep], sync)
+            await trio.to_thread.run_sync(write_records, self._fd, [r.parts for r in keep], sync)
         self._inflight = []
+        live = self._live_bytes
         for rec in keep:
             if rec.close:
-                self._dead_bytes += self._live_bytes.pop(rec.session_id, 0) + rec.size
+                self._dead_bytes += live.pop(rec.session_id, 0) + rec.size
             else:
-                self._live_bytes[rec.session_id] = (
-                    self._live_bytes.get(rec.session_id, 0) + rec.size
-                )
+                live[rec.session_id] = live.get(rec.session_id, 0) + rec.size
             self._total_bytes += rec.size
         self._records_written += len(keep)
         self._written_seq = batch[-1].seq
@@ -397,7 +340,7 @@ class Journal:
 
     async def _fsync(self) -> None:
         upto = self._written_seq
-        await trio.to_thread.run_sync(os.fsync, self._out)
+        await trio.to_thread.run_sync(os.fsync, self._fd)
         self._fsyncs += 1
         self._synced_seq = max(self._synced_seq, upto)
         self._unsynced = self._written_seq > upto
@@ -438,7 +381,11 @@ class Journal:
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise
-            self._switch(number, new_fd, live, total)
+            old, self._fd, self._segment = self._fd, new_fd, number
+            if old >= 0:
+                os.close(old)
+            self._live_bytes, self._total_bytes, self._dead_bytes = live, total, 0
+            self._compactions += 1
             self._skip_upto = skip
             self._synced_seq = max(self._synced_seq, covered)
             self._unsynced = False
@@ -490,7 +437,7 @@ class Journal:
     async def _shutdown(self) -> None:
         self._closing = True
         try:
-            if self._failure is None and self._fd is not None:
+            if self._failure is None and self._fd >= 0:
                 while self._pending:
                     await self._write_batch()
                 await self._fsync()
@@ -498,9 +445,9 @@ class Journal:
             self._failure = self._failure or exc
             raise
         finally:
-            if self._fd is not None:
+            if self._fd >= 0:
                 os.close(self._fd)
-                self._fd = None
+                self._fd = -1
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._closed = True

@@ -1,10 +1,12 @@
-"""On-disk format of the session journal: framing, records, and their replay.
+"""On-disk format of the session journal: segments, framing, records, replay.
 
 A journal directory holds segments ``journal-NNNNNN.log`` (N grows by one per
-compaction). Every segment is self-contained: it starts with a ``begin``
-record, then one ``snapshot`` record per session that was live when it was
-written, then appended events. Replay reads only the highest-numbered segment;
-lower ones are leftovers of a compaction interrupted by a crash.
+compaction). Every segment is self-contained: a ``begin`` record, one
+``snapshot`` record per session live when it was written, then appended
+events. A new segment is written as ``….log.tmp``, fsynced, renamed into
+place (directory fsynced), and only then are older segments deleted. So the
+highest-numbered segment always wins: lower ones are leftovers of a crash
+mid-compaction and a ``.tmp`` one never finished; both are deleted at start.
 
 A record is ``u32 body length | u32 crc32(body) | body`` (little-endian), and
 a body is ``u32 meta length | meta | blob 0 | blob 1 | …``: ``meta`` is an
@@ -30,7 +32,8 @@ Records (meta ``"t"``), ``id`` being the session id:
   ids, all logprobs, all experts.
 
 A record whose header, length or crc is wrong ends the readable part of a
-segment (a crash mid-write leaves exactly that); the journal truncates there.
+segment (a crash mid-write leaves exactly that): replay truncates the segment
+there and keeps the dropped bytes as ``….log.bad-OFFSET`` for a post-mortem.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -145,36 +148,69 @@ class Record:
     blobs: list[memoryview]
 
 
-def scan(data: bytes) -> tuple[list[Record], int, str | None]:
-    """Decode records until the first torn or corrupt one.
+def scan(data: bytes, on_record: Callable[[Record], None]) -> tuple[int, str | None]:
+    """Decode records in order until the first torn or corrupt one.
 
-    Returns (records, end offset of the last good record, why scanning stopped
-    early or None). Nothing past a bad record is trusted: without a resync
-    marker a wrong length makes every later offset meaningless.
+    Returns (end offset of the last good record, why scanning stopped early
+    or None). Records are handed over as they are decoded (not kept: fewer
+    live objects, less GC work). Nothing past a bad record is trusted:
+    without a resync marker a wrong length makes every later offset moot.
     """
     view = memoryview(data)
-    records: list[Record] = []
     pos = 0
     while pos < len(data):
         if len(data) - pos < HEADER.size:
-            return records, pos, "torn record header"
+            return pos, "torn record header"
         size, crc = HEADER.unpack_from(data, pos)
         start = pos + HEADER.size
         end = start + size
         if size < _MIN_BODY:
-            return records, pos, f"impossible record length {size}"
+            return pos, f"impossible record length {size}"
         if end > len(data):
-            return records, pos, "torn record"
+            return pos, "torn record"
         body = view[start:end]
         if zlib.crc32(body) != crc:
-            return records, pos, "crc mismatch"
+            return pos, "crc mismatch"
         try:
             meta, blobs = _split(body)
         except (ValueError, TypeError) as exc:
-            return records, pos, f"undecodable record ({exc})"
-        records.append(Record(pos, end - pos, meta, blobs))
+            return pos, f"undecodable record ({exc})"
+        on_record(Record(pos, end - pos, meta, blobs))
         pos = end
-    return records, pos, None
+    return pos, None
+
+
+def replay_segment(path: Path, number: int, replay: Replay) -> int:
+    """Apply one segment; truncate a torn/corrupt tail. Returns its good size."""
+    data = path.read_bytes()  # records are views into it until replay copies them
+    header: list[dict[str, Any]] = []
+
+    def on_record(record: Record) -> None:
+        if header:
+            replay.apply(record)
+            return
+        header.append(record.meta)
+        if record.meta["t"] != "begin" or record.meta.get("v") != VERSION:
+            raise JournalError(f"{path}: not a journal segment of format {VERSION}")
+
+    end, problem = scan(data, on_record)
+    if not header:
+        # Segments only appear by rename once complete: this is not ours.
+        raise JournalError(f"{path} does not start with a journal header ({problem})")
+    if header[0].get("seg") != number:
+        logger.warning("journal %s: header says segment %s", path, header[0].get("seg"))
+    if problem is not None:
+        dropped = len(data) - end
+        logger.warning(
+            "journal %s: %s at offset %d, dropping %d bytes", path, problem, end, dropped
+        )
+        # Usually a write cut short by a crash, but a bad length or crc can
+        # also hide good records behind it: keep the bytes for a post-mortem.
+        path.with_name(f"{path.name}.bad-{end}").write_bytes(data[end:])
+        with path.open("r+b") as f:
+            f.truncate(end)
+            os.fsync(f.fileno())
+    return end
 
 
 def _split(body: memoryview) -> tuple[dict[str, Any], list[memoryview]]:
@@ -304,12 +340,7 @@ class Replay:
         except (KeyError, TypeError, ValueError, IndexError):
             # A record that passed its crc but does not apply is a bug, not a
             # torn write: lose this session (loudly), keep all the others.
-            logger.exception(
-                "journal: dropping session %s: its %s record at offset %d does not apply",
-                sid,
-                kind,
-                record.offset,
-            )
+            logger.exception("journal: dropping session %s (%s at %d)", sid, kind, record.offset)
             self.sessions.pop(sid, None)
             self._poisoned.add(sid)
 
@@ -363,9 +394,8 @@ def _apply_turn(session: Session, meta: dict[str, Any], blobs: list[memoryview])
     # Check what commit() trusts, so a bad record cannot break invariants.
     if keep > len(trajectory.turns) or turn.prompt_start != trajectory.length_after(keep):
         raise ValueError(f"turn {keep} does not start where the kept turns end")
-    if turn.completion_start != turn.prompt_start + len(prompt) or turn.completion_end != (
-        turn.completion_start + len(sampled)
-    ):
+    ends = (turn.completion_start, turn.completion_end)
+    if ends != (turn.prompt_start + len(prompt), turn.prompt_start + len(prompt) + len(sampled)):
         raise ValueError("turn span does not match its token counts")
     kept = trajectory.turns[keep - 1].messages_end if keep else 0
     if meta["mf"] != kept or kept > len(session.messages):

@@ -134,7 +134,8 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
             doc = sample_view(session)
         elif view == "document":
             status: ExportStatus = "expired" if session.state is SessionState.EXPIRED else "open"
-            doc = export_document(session, status, parse_include(request.args.get("include")))
+            include = parse_include(request.args.get("include"))
+            doc = export_document(session, status, include, ctx.ready_tokenizer.decode_pieces)
         else:
             raise InvalidRequest("format must be 'document' or 'sample'", param="format")
         return await document_response(ctx, doc, len(session.trajectory))

@@ -52,8 +52,13 @@ class ChatTokenizer:
         ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
         return ids
 
-    def decode_pieces(self, ids: Sequence[int]) -> list[str]:
-        return [self._backend.id_to_token(int(i)) or "" for i in ids]
+    def decode_pieces(self, ids: Sequence[int] | IdArray) -> list[str]:
+        """Each token decoded on its own, special tokens kept (for inspection).
+        A token holding part of a multi-byte character decodes to U+FFFD."""
+        pieces: list[str] = self._backend.decode_batch(
+            [[int(i)] for i in ids], skip_special_tokens=False
+        )
+        return pieces
 
     def render(
         self,

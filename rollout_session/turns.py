@@ -296,11 +296,11 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
             width=session.trajectory.experts_width if plan.keep_turns else None,
         )
     # No await from here on: the state check and the commit are one step.
-    turn = commit_turn(session, slot, plan, answer, reply, ctx.registry.clock(), experts)
+    commit_turn(session, slot, plan, answer, reply, ctx.registry.clock(), experts)
     ctx.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
     ctx.metrics.tokens.labels("sampled").inc(len(answer.ids))
     if ctx.journal is not None:
-        ctx.journal.turn(session, plan, answer, turn, experts)
+        ctx.journal.turn(session, experts)
         # The agent hears of a turn only once it is durable; a close arriving
         # meanwhile waits for this (bounded) write rather than cut it short.
         with trio.CancelScope(shield=True):

@@ -24,8 +24,8 @@ from rollout_session.testing import (
     EmulatorConfig,
     TextModel,
     builtin_template,
+    bundled_tokenizer_path,
     start_emulator,
-    test_tokenizer_path,
 )
 from rollout_session.tokenization import ChatTokenizer
 
@@ -47,7 +47,7 @@ TOOLS = [
 
 @pytest.fixture(scope="session")
 def hf_tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(str(test_tokenizer_path()))
+    return AutoTokenizer.from_pretrained(str(bundled_tokenizer_path()))
 
 
 @pytest.fixture(scope="session")

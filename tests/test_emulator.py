@@ -26,7 +26,7 @@ from rollout_session.testing.prefix_cache import PrefixCache
 
 # Aliased: pytest would collect a module-level name starting with "test_".
 from rollout_session.testing.tokenizer import builtin_template
-from rollout_session.testing.tokenizer import test_tokenizer_path as bundled_tokenizer_path
+from rollout_session.testing.tokenizer import bundled_tokenizer_path as bundled_tokenizer_path
 
 Serve = Callable[..., Awaitable[tuple[httpx.AsyncClient, Emulator]]]
 

@@ -161,3 +161,13 @@ async def test_routed_experts_follow_a_rollback(make_stack: StackFactory) -> Non
     assert stack.emulator.requests[-1].body["routed_experts_start_len"] == (
         doc["turns"][0]["completion_end"] - 1
     )
+
+
+async def test_pieces_decode_each_token_with_special_tokens_visible(stack: Stack) -> None:
+    session_id = await stack.create()
+    await run_tool_episode(stack, session_id, turns=2)
+    url = f"/sessions/{session_id}/trajectory"
+    doc = (await stack.client.get(url, params={"include": "pieces,turns"})).json()
+    assert len(doc["pieces"]) == len(doc["token_ids"])
+    assert doc["pieces"][0] == "<|im_start|>" and "<tool_call>" in doc["pieces"]
+    assert "pieces" not in (await stack.client.get(url)).json()  # not in the default

@@ -3,7 +3,7 @@
 from .emulator import ChatRecord, Emulator, EmulatorConfig, create_emulator_app, start_emulator
 from .faults import FAULT_HEADER, FAULTS
 from .generation import TextModel
-from .tokenizer import BUILTIN_TEMPLATES, builtin_template, test_tokenizer_path
+from .tokenizer import BUILTIN_TEMPLATES, builtin_template, bundled_tokenizer_path
 
 __all__ = [
     "BUILTIN_TEMPLATES",
@@ -14,7 +14,7 @@ __all__ = [
     "EmulatorConfig",
     "TextModel",
     "builtin_template",
+    "bundled_tokenizer_path",
     "create_emulator_app",
     "start_emulator",
-    "test_tokenizer_path",
 ]

