@@ -32,6 +32,7 @@ from .errors import (
     Unauthorized,
     UpstreamError,
 )
+from .inspector import register_inspector_routes
 from .lifecycle import PauseGate, reap_forever
 from .metrics import Metrics
 from .routes import register_routes
@@ -147,6 +148,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
 
     register_routes(app, ctx)
     register_admin_routes(app, ctx)
+    register_inspector_routes(app, ctx)
     return app
 
 

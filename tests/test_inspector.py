@@ -233,14 +233,21 @@ def _in_browser(chromium: str, script: Callable[[Page], T]) -> T:
     return result
 
 
-async def browse(script: Callable[[Page], T]) -> T:
-    chromium = find_chromium()
-    if chromium is None:
+@pytest.fixture
+def chromium() -> str:
+    """The browser binary; skips only when none is installed (fails under
+    ROLLOUT_SESSION_REQUIRE_BROWSER, so CI cannot silently skip)."""
+    found = find_chromium()
+    if found is None:
         if os.environ.get("ROLLOUT_SESSION_REQUIRE_BROWSER"):
             pytest.fail("ROLLOUT_SESSION_REQUIRE_BROWSER is set but no Chromium was found")
         pytest.skip(
             "Chromium not found: apt-get install chromium (or set ROLLOUT_SESSION_CHROMIUM)"
         )
+    return found
+
+
+async def browse(chromium: str, script: Callable[[Page], T]) -> T:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return await trio.to_thread.run_sync(_in_browser, chromium, script)
 
@@ -250,7 +257,7 @@ def shot(page: Page, name: str) -> None:
 
 
 async def test_browser_overview_session_and_clean_diff_behind_an_api_key(
-    make_inspector: StackFactory,
+    make_inspector: StackFactory, chromium: str
 ) -> None:
     stack = await make_inspector(api_key=KEY)
     await stack.create(session_id="agent-tools", metadata={"task": "read main.py"})
@@ -333,11 +340,11 @@ async def test_browser_overview_session_and_clean_diff_behind_an_api_key(
         page.press("#auth-key", "Enter")
         page.wait_for_selector("#diff-summary")
 
-    await browse(script)
+    await browse(chromium, script)
 
 
 async def test_browser_diff_shows_the_first_mismatch_of_a_think_stripping_template(
-    make_inspector: StackFactory,
+    make_inspector: StackFactory, chromium: str
 ) -> None:
     stack = await make_inspector(template="qwen3", emulator=EmulatorConfig(reasoning=True))
     await stack.create(session_id="think-strip")
@@ -356,10 +363,12 @@ async def test_browser_diff_shows_the_first_mismatch_of_a_think_stripping_templa
         assert '"<think>"' in mismatch.inner_text()
         shot(page, "diff-mismatch")
 
-    await browse(script)
+    await browse(chromium, script)
 
 
-async def test_browser_long_trajectory_renders_lazily(make_inspector: StackFactory) -> None:
+async def test_browser_long_trajectory_renders_lazily(
+    make_inspector: StackFactory, chromium: str
+) -> None:
     stack = await make_inspector(emulator=EmulatorConfig(completion_tokens=16_000))
     await stack.create(session_id="long")
     words = " ".join(f"w{i}" for i in range(6_000))
@@ -383,4 +392,4 @@ async def test_browser_long_trajectory_renders_lazily(make_inspector: StackFacto
         page.wait_for_selector(f'.tok.current[data-i="{n - 5}"]')
         assert page.locator("#tokens .tok").count() <= n
 
-    await browse(script)
+    await browse(chromium, script)
