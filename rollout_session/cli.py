@@ -157,6 +157,7 @@ async def serve(settings: Settings) -> None:
             )
             print(f"rollout-session listening on {server.url}", flush=True)
             print(f"  create a session: curl -X POST {server.url}/sessions", flush=True)
+            print(f"  inspector: {server.url}/ui", flush=True)
             async for _ in signals:
                 break
             await server.aclose()
@@ -204,4 +205,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every request at INFO: health probes alone would flood the log.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
     trio.run(serve, settings)
