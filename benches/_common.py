@@ -41,9 +41,11 @@ _CHILD_ENV = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED
 
 
 def tokenizer_path() -> str:
-    from rollout_session.testing import bundled_tokenizer_path
+    """The bundled test tokenizer's directory (the name changed across versions)."""
+    import rollout_session.testing as testing
 
-    return str(bundled_tokenizer_path())
+    find = getattr(testing, "bundled_tokenizer_path", None) or testing.test_tokenizer_path
+    return str(find())
 
 
 # -- child processes ------------------------------------------------------------
