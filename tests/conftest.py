@@ -160,7 +160,9 @@ async def make_stack(
         )
         server = await start_server(nursery, app)
         servers.append(server)
-        client = httpx.AsyncClient(base_url=server.url, timeout=30)
+        key = settings.get("api_key")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        client = httpx.AsyncClient(base_url=server.url, timeout=30, headers=headers)
         clients.append(client)
         return Stack(server.url, server_context(app), workers, client)
 

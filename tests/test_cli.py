@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
-import subprocess
 import sys
 
 import httpx
 import openai
 import trio
 
-
-async def read_url(process: trio.Process) -> str:
-    """The demo prints its URL once it is accepting connections."""
-    assert process.stdout is not None
-    buffer = b""
-    async for chunk in process.stdout:
-        buffer += chunk
-        for line in buffer.decode().splitlines():
-            if line.startswith("rollout-session listening on "):
-                return line.rsplit(" ", 1)[1]
-    raise AssertionError(f"server exited before listening; output: {buffer.decode()}")
+from rollout_session.testing.processes import start_listening
 
 
 def agent_turn(base_url: str) -> str:
@@ -38,13 +26,7 @@ async def test_serve_demo_runs_a_session_and_stops_on_sigint() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "rollout_session", "serve", "--demo", "--port", "0"]
     async with trio.open_nursery() as nursery:
-        process: trio.Process = await nursery.start(
-            functools.partial(
-                trio.run_process, command, stdout=subprocess.PIPE, check=False, env=env
-            )
-        )
-        with trio.fail_after(60):
-            url = await read_url(process)
+        url, process = await start_listening(nursery, command, env=env)
         async with httpx.AsyncClient(base_url=url) as client:
             created = (await client.post("/sessions")).json()
             content = await trio.to_thread.run_sync(agent_turn, url + created["base_url"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ from rollout_session import Settings, create_app
 from rollout_session.app import server_context
 from rollout_session.serving import start_server
 from rollout_session.testing import EmulatorConfig, TextModel, bundled_tokenizer_path
+from rollout_session.testing.processes import start_listening
 from rollout_session.tokenization import ChatTokenizer
 
 from .conftest import TOOLS, Stack, StackFactory, spawn_worker
@@ -218,19 +218,7 @@ async def serve_process(
         "--log-level",
         "warning",
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process: trio.Process = await nursery.start(
-        functools.partial(trio.run_process, command, stdout=subprocess.PIPE, check=False, env=env)
-    )
-    assert process.stdout is not None
-    buffer = b""
-    with trio.fail_after(60):
-        async for chunk in process.stdout:
-            buffer += chunk
-            for line in buffer.decode().splitlines():
-                if line.startswith("rollout-session listening on "):
-                    return line.rsplit(" ", 1)[1], process
-    raise AssertionError(buffer.decode())
+    return await start_listening(nursery, command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 async def test_kill_9_mid_run_loses_no_committed_turn(

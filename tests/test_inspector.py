@@ -14,7 +14,7 @@ import functools
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,19 +22,14 @@ import httpx
 import pytest
 import trio
 
-from rollout_session import Settings, create_app
-from rollout_session.app import server_context
 from rollout_session.inspector import (
     CONTENT_SECURITY_POLICY,
     first_mismatch,
     is_public_path,
-    register_inspector_routes,
 )
-from rollout_session.serving import RunningServer, start_server
-from rollout_session.testing import EmulatorConfig, TextModel
-from rollout_session.tokenization import ChatTokenizer
+from rollout_session.testing import EmulatorConfig
 
-from .conftest import TOOLS, Stack, StackFactory, spawn_worker
+from .conftest import TOOLS, Stack, StackFactory
 from .test_turns import echo
 
 if TYPE_CHECKING:
@@ -60,39 +55,6 @@ def find_chromium() -> str | None:
     if given:
         return given
     return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture
-async def make_inspector(
-    nursery: trio.Nursery, text_model: TextModel, chat_tokenizers: dict[str, ChatTokenizer]
-) -> AsyncIterator[StackFactory]:
-    """`make_stack` with the inspector registered (until `create_app` does it)."""
-    clients: list[httpx.AsyncClient] = []
-    servers: list[RunningServer] = []
-
-    async def factory(
-        *, template: str = "chatml", emulator: EmulatorConfig | None = None, **settings: Any
-    ) -> Stack:
-        worker = await spawn_worker(nursery, text_model, emulator or EmulatorConfig())
-        app = create_app(
-            Settings(workers=(worker.url,), port=0, **settings),
-            tokenizer=chat_tokenizers[template],
-        )
-        if not any(rule.rule == "/ui" for rule in app.url_map.iter_rules()):
-            register_inspector_routes(app, server_context(app))
-        server = await start_server(nursery, app)
-        servers.append(server)
-        key = settings.get("api_key")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        client = httpx.AsyncClient(base_url=server.url, timeout=30, headers=headers)
-        clients.append(client)
-        return Stack(server.url, server_context(app), [worker], client)
-
-    yield factory
-    for client in clients:
-        await client.aclose()
-    for server in servers:
-        await server.aclose()
 
 
 async def tool_episode(stack: Stack, session_id: str, tool_result: str, turns: int = 3) -> None:
@@ -133,9 +95,9 @@ def test_first_mismatch_compares_the_committed_length_only() -> None:
 
 
 async def test_page_is_public_with_strict_csp_and_data_needs_the_key(
-    make_inspector: StackFactory,
+    make_stack: StackFactory,
 ) -> None:
-    stack = await make_inspector(api_key=KEY)
+    stack = await make_stack(api_key=KEY)
     session_id = await stack.create()
     async with httpx.AsyncClient(base_url=stack.url) as anonymous:
         for path, content_type in [
@@ -164,9 +126,9 @@ async def test_page_is_public_with_strict_csp_and_data_needs_the_key(
 
 
 async def test_diff_of_a_clean_chatml_session_has_no_mismatch(
-    make_inspector: StackFactory, hf_tokenizer: Any
+    make_stack: StackFactory, hf_tokenizer: Any
 ) -> None:
-    stack = await make_inspector()
+    stack = await make_stack()
     await stack.create(session_id="clean")
     await tool_episode(stack, "clean", "print(1)")
     doc = await stack.trajectory("clean")
@@ -187,9 +149,9 @@ async def test_diff_of_a_clean_chatml_session_has_no_mismatch(
 
 
 async def test_diff_of_a_think_stripping_session_points_at_the_stripped_think(
-    make_inspector: StackFactory, hf_tokenizer: Any
+    make_stack: StackFactory, hf_tokenizer: Any
 ) -> None:
-    stack = await make_inspector(template="qwen3", emulator=EmulatorConfig(reasoning=True))
+    stack = await make_stack(template="qwen3", emulator=EmulatorConfig(reasoning=True))
     await stack.create(session_id="think")
     await think_episode(stack, "think")
     doc = await stack.trajectory("think")
@@ -257,9 +219,9 @@ def shot(page: Page, name: str) -> None:
 
 
 async def test_browser_overview_session_and_clean_diff_behind_an_api_key(
-    make_inspector: StackFactory, chromium: str
+    make_stack: StackFactory, chromium: str
 ) -> None:
-    stack = await make_inspector(api_key=KEY)
+    stack = await make_stack(api_key=KEY)
     await stack.create(session_id="agent-tools", metadata={"task": "read main.py"})
     await tool_episode(stack, "agent-tools", SCRIPT)
     await stack.create(session_id="agent-chat")
@@ -344,9 +306,9 @@ async def test_browser_overview_session_and_clean_diff_behind_an_api_key(
 
 
 async def test_browser_diff_shows_the_first_mismatch_of_a_think_stripping_template(
-    make_inspector: StackFactory, chromium: str
+    make_stack: StackFactory, chromium: str
 ) -> None:
-    stack = await make_inspector(template="qwen3", emulator=EmulatorConfig(reasoning=True))
+    stack = await make_stack(template="qwen3", emulator=EmulatorConfig(reasoning=True))
     await stack.create(session_id="think-strip")
     await think_episode(stack, "think-strip")
     diff = (await stack.client.get("/sessions/think-strip/diff")).json()
@@ -367,9 +329,9 @@ async def test_browser_diff_shows_the_first_mismatch_of_a_think_stripping_templa
 
 
 async def test_browser_long_trajectory_renders_lazily(
-    make_inspector: StackFactory, chromium: str
+    make_stack: StackFactory, chromium: str
 ) -> None:
-    stack = await make_inspector(emulator=EmulatorConfig(completion_tokens=16_000))
+    stack = await make_stack(emulator=EmulatorConfig(completion_tokens=16_000))
     await stack.create(session_id="long")
     words = " ".join(f"w{i}" for i in range(6_000))
     response = await stack.chat("long", messages=[{"role": "user", "content": words}])

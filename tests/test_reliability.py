@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import trio
@@ -97,7 +98,9 @@ async def test_max_session_tokens_before_any_worker(make_stack: StackFactory) ->
 
 async def test_api_key_guards_every_route_but_health(make_stack: StackFactory) -> None:
     stack = await make_stack(api_key="s3cret")
-    assert (await stack.client.get("/health")).status_code == 200
+    # A client without the stack client's default Authorization header.
+    bare = httpx.AsyncClient(base_url=stack.url)
+    assert (await bare.get("/health")).status_code == 200
     for method, path in [
         ("POST", "/sessions"),
         ("GET", "/sessions"),
@@ -106,11 +109,11 @@ async def test_api_key_guards_every_route_but_health(make_stack: StackFactory) -
         ("POST", "/admin/pause"),
     ]:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-            response = await stack.client.request(method, path, headers=headers)
+            response = await bare.request(method, path, headers=headers)
             assert response.status_code == 401, (method, path, headers)
             assert response.json()["error"]["code"] == "unauthorized"
-    auth = {"Authorization": "Bearer s3cret"}
-    created = await stack.client.post("/sessions", headers=auth)
+    await bare.aclose()
+    created = await stack.client.post("/sessions")
     assert created.status_code == 201
     base_url = stack.url + created.json()["base_url"]
 
