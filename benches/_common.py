@@ -51,6 +51,20 @@ def tokenizer_path() -> str:
 # -- child processes ------------------------------------------------------------
 
 
+def _proc_stats() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds) for every process visible in /proc."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLK_TCK)
+    return out
+
+
 @dataclass
 class CpuSample:
     cpu_s: float
@@ -72,12 +86,15 @@ class Child:
         return self.process.pid
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds of the process (all threads) so far."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return math.nan
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        """User + system CPU seconds so far of the process and its live
+        descendants (e.g. worker processes a server starts), all threads."""
+        stats = _proc_stats()
+        tree, total = {self.pid}, 0.0
+        for pid, (ppid, cpu) in sorted(stats.items()):
+            if pid in tree or ppid in tree:
+                tree.add(pid)
+                total += cpu
+        return total if self.pid in stats else math.nan
 
     def memory_mib(self) -> tuple[float, float]:
         """(current RSS, peak RSS) in MiB."""

@@ -32,7 +32,6 @@ import dataclasses
 import gc
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +194,6 @@ async def main(args: argparse.Namespace) -> None:
     messages_each = deep_size(sample.messages)
     # What a compact store of the same history would take (see docs/benchmarks.md).
     messages_json = len(orjson.dumps(sample.messages))
-    messages_zlib = len(zlib.compress(orjson.dumps(sample.messages), 1))
     turns_each = deep_size(sample.trajectory.turns)
     session_each = deep_size(sample) - deep_size(sample.trajectory.tokens)
     rows = [
@@ -209,7 +207,6 @@ async def main(args: argparse.Namespace) -> None:
             "arrays allocated B/token": arrays_alloc / stored,
             "messages B/token": messages_each * len(sessions) / stored,
             "messages as JSON B/token": messages_json * len(sessions) / stored,
-            "messages as zlib(JSON) B/token": messages_zlib * len(sessions) / stored,
             "turn records B/token": turns_each * len(sessions) / stored,
             "session total (deep) B/token": (session_each * len(sessions) + arrays_alloc) / stored,
             "build s": build_s,
@@ -264,7 +261,6 @@ _COLUMNS = [
     "arrays allocated B/token",
     "messages B/token",
     "messages as JSON B/token",
-    "messages as zlib(JSON) B/token",
     "turn records B/token",
     "session total (deep) B/token",
     "build s",

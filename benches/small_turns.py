@@ -3,22 +3,27 @@
 Multi-turn sessions whose first prompt is ~``--prompt-tokens`` (1k) tokens and
 whose every answer is exactly ``--completion-tokens`` (256) tokens; each later
 turn appends a short user message. At each concurrency (``--concurrency``,
-default 1,4,16,64) the same conversations run straight to the emulator and
-through the session server, alternating, ``--repeats`` times; ``--chats``
-turns per run. Reported per concurrency:
+default 1,4,16,64) the same conversations run, alternating, ``--repeats``
+times, ``--chats`` turns per run, along four paths:
 
-- direct and server per-turn latency p50/p99 and their difference (the
-  "added latency" of the issue);
-- in-server overhead, paired per turn: the agent-observed latency minus the
-  server's own ``upstream_latency_s`` for that turn (from the trajectory), i.e.
-  everything the server and its extra loopback hop add, without the noise of
-  comparing two separate runs;
-- CPU ms per turn of the server and of the emulator (from /proc).
+- ``direct``: the agent's request straight to the emulator (which then renders
+  the chat template itself);
+- ``direct-ids``: the same request plus the ``input_ids`` (and forced fields)
+  the server would send, tokenised by the load generator outside the timed
+  call, so the emulator does exactly the work it does behind the server: the
+  fair baseline;
+- ``raw-ids``: that request through the no-parsing passthrough proxy
+  (``benches/passthrough.py``): the cost of one more hypercorn + httpx hop;
+- ``server``: through the session server.
 
-The emulator runs with no simulated latency, so every number is CPU and
-loopback on the shared 2 cores. Note the paths give the emulator slightly
-different work: direct, it renders the chat template itself; through the
-server, it gets ``input_ids``.
+Reported per concurrency: p50/p99 latency per path; "added" = server −
+direct-ids (the issue's added latency), the raw proxy's own added latency for
+comparison, and the in-server overhead paired per turn: agent-observed latency
+minus the server's own ``upstream_latency_s`` for that turn (from the
+trajectory), i.e. everything the server and its extra hop add, free of the
+noise of comparing separate runs. CPU ms per turn of the server and the
+emulator come from /proc. The emulator simulates no latency: every number is
+CPU and loopback on the shared 2 cores.
 
     python benches/small_turns.py
     python benches/small_turns.py --concurrency 1,64 --profile prof/
@@ -42,6 +47,7 @@ import trio
 from _common import (
     Child,
     Window,
+    bench_command,
     child,
     emulator_command,
     load_average,
@@ -72,7 +78,7 @@ class _Answer(msgspec.Struct):
 
 _ANSWER = msgspec.json.Decoder(_Answer)
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
-MODES = ("direct", "direct-ids", "server")
+MODES = ("direct", "direct-ids", "raw-ids", "server")
 
 
 @functools.cache
@@ -125,7 +131,7 @@ async def conversation(
             "max_tokens": args.completion_tokens,
             "seed": index,
         }
-        if mode == "direct-ids":
+        if mode in ("direct-ids", "raw-ids"):
             # What the server would send: the same work for the emulator.
             request |= _FORCED | {
                 "input_ids": _tokenizer().first_turn(messages, tools=None, kwargs={})
@@ -184,24 +190,24 @@ async def server_overheads(front: str, run: Run) -> list[float]:
 
 
 async def measure(
-    emulator: Child, server: Child, concurrency: int, args: argparse.Namespace
+    emulator: Child, raw: Child, server: Child, concurrency: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     latencies: dict[str, list[float]] = {mode: [] for mode in MODES}
     emulator_cpu = dict.fromkeys(MODES, 0.0)
     overhead: list[float] = []
     errors: list[str] = []
     server_cpu = 0.0
-    window = Window([emulator, server])
+    window = Window([emulator, raw, server])
     for rep in range(args.repeats):
         for mode in MODES:
-            front = server if mode == "server" else emulator
+            front = {"server": server, "raw-ids": raw}.get(mode, emulator)
             prof = (
                 args.profile / f"p2-c{concurrency}-r{rep}.txt"
                 if args.profile and mode == "server"
                 else None
             )
             before, before_server = emulator.cpu_s(), server.cpu_s()
-            async with profile(server if prof else None, prof):
+            async with profile(server if prof else None, prof, rate=400):
                 result = await run_once(front.url, mode, concurrency, args)
             emulator_cpu[mode] += emulator.cpu_s() - before
             latencies[mode] += result.latencies
@@ -210,7 +216,7 @@ async def measure(
                 server_cpu += server.cpu_s() - before_server
                 overhead += await server_overheads(server.url, result)
     usage = window.finish()
-    direct, fair, through = (latencies[m] for m in MODES)
+    direct, fair, proxied, through = (latencies[m] for m in MODES)
     n = {mode: max(len(v), 1) for mode, v in latencies.items()}
     return {
         "concurrency": concurrency,
@@ -223,6 +229,8 @@ async def measure(
         "added p50 ms": ms(pct(through, 50) - pct(fair, 50)),
         "added p99 ms": ms(pct(through, 99) - pct(fair, 99)),
         "added vs direct p50 ms": ms(pct(through, 50) - pct(direct, 50)),
+        "raw proxy added p50 ms": ms(pct(proxied, 50) - pct(fair, 50)),
+        "raw proxy added p99 ms": ms(pct(proxied, 99) - pct(fair, 99)),
         "in-server p50 ms": ms(pct(overhead, 50)),
         "in-server p99 ms": ms(pct(overhead, 99)),
         "server CPU ms/turn": ms(server_cpu / n["server"]),
@@ -246,6 +254,8 @@ _COLUMNS = [
     "added p50 ms",
     "added p99 ms",
     "added vs direct p50 ms",
+    "raw proxy added p50 ms",
+    "raw proxy added p99 ms",
     "in-server p50 ms",
     "in-server p99 ms",
 ]
@@ -274,12 +284,14 @@ async def main(args: argparse.Namespace) -> None:
             server_command([emulator.url], *args.server_flag),
             marker="rollout-session listening on",
         ) as server,
+        child("raw", bench_command("passthrough.py", "--upstream", emulator.url)) as raw,
     ):
         warm = argparse.Namespace(**{**vars(args), "chats": 4 * args.turns})
         for mode in MODES:
-            await run_once((server if mode == "server" else emulator).url, mode, 4, warm)
+            front = {"server": server, "raw-ids": raw}.get(mode, emulator)
+            await run_once(front.url, mode, 4, warm)
         for concurrency in args.concurrency:
-            rows.append(await measure(emulator, server, concurrency, args))
+            rows.append(await measure(emulator, raw, server, concurrency, args))
             print(table([rows[-1]], _COLUMNS), flush=True)
     print()
     print(load_average())
@@ -306,6 +318,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for key, style in (
         ("added p50 ms", "o-"),
         ("added p99 ms", "o--"),
+        ("raw proxy added p50 ms", "^-"),
         ("in-server p50 ms", "s-"),
         ("in-server p99 ms", "s--"),
     ):
