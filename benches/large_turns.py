@@ -24,6 +24,9 @@ emulator`; it needs 100-200 ms of CPU per 30k-token answer, so on 2 cores it is
 the bottleneck of every path) and ``replay`` (``benches/replay.py`` serving an
 answer recorded from that emulator at near-zero CPU, so the numbers show the
 process in the middle). CPU per chat of every process is read from /proc.
+Targets run interleaved ``--repeats`` times (replay; ``--emulator-repeats``
+for the slow emulator upstream); the table shows the median run by chats/s
+with the range, the JSON keeps every run.
 
     python benches/large_turns.py                       # both variants and upstreams
     python benches/large_turns.py --variants logprobs --upstreams replay --profile prof/
@@ -254,7 +257,7 @@ async def measure(
         front = front_child.url if front_child else upstream.url
         mode = "server" if target == "server" else "plain"
         # Warm-up: connections, tokenizer caches, first-call imports.
-        await run_load(front, mode, variant, min(8, args.sessions), range(1), args.turns)
+        await run_load(front, mode, variant, min(16, args.sessions), range(1), args.turns)
         measured = front_child or upstream
         rounds = range(1, 1 + args.rounds)
         prof_path = (
@@ -304,7 +307,16 @@ async def main(args: argparse.Namespace) -> None:
         f"{load_average()}; K={args.sessions} agents x {args.rounds} sessions x {args.turns} turns"
     )
     all_variants = variants(args)
-    rows: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+
+    async def measure_targets(variant: Variant, upstream_name: str, upstream: Child) -> None:
+        # Targets interleaved, `repeats` times: drift hits every target alike.
+        repeats = args.emulator_repeats if upstream_name == "emulator" else args.repeats
+        for _ in range(repeats):
+            for target in args.targets:
+                runs.append(await measure(args, variant, upstream_name, upstream, target))
+                print(table([runs[-1]], _COLUMNS), flush=True)
+
     workdir = Path(tempfile.mkdtemp(prefix="rollout-p1-"))
     for variant_name in args.variants:
         variant = all_variants[variant_name]
@@ -313,9 +325,7 @@ async def main(args: argparse.Namespace) -> None:
                 "emulator", emulator_command(*variant.emulator_flags, "--record-limit", "0")
             ) as emulator:
                 if upstream_name == "emulator":
-                    for target in args.targets:
-                        rows.append(await measure(args, variant, upstream_name, emulator, target))
-                        print(table([rows[-1]], _COLUMNS), flush=True)
+                    await measure_targets(variant, upstream_name, emulator)
                     continue
                 answer = workdir / f"{variant.name}.json"
                 size = await record_answer(emulator.url, variant, answer)
@@ -324,9 +334,8 @@ async def main(args: argparse.Namespace) -> None:
                 "replay.py", "--answer", str(answer), "--tokenizer", tokenizer_path()
             )
             async with child("replay", replay_cmd) as replay:
-                for target in args.targets:
-                    rows.append(await measure(args, variant, upstream_name, replay, target))
-                    print(table([rows[-1]], _COLUMNS), flush=True)
+                await measure_targets(variant, upstream_name, replay)
+    rows = median_runs(runs)
     for row in rows:
         raw = next(
             (
@@ -347,7 +356,9 @@ async def main(args: argparse.Namespace) -> None:
     errors = [r for r in rows if r["errors"]]
     for r in errors:
         print(f"ERRORS in {r['variant']}/{r['upstream']}/{r['target']}: {r['first error']}")
-    write_json(args.json, {"args": _jsonable(args), "load": load_average(), "rows": rows})
+    write_json(
+        args.json, {"args": _jsonable(args), "load": load_average(), "rows": rows, "runs": runs}
+    )
     if args.plot:
         plot(rows, args.plot)
 
@@ -359,11 +370,14 @@ _COLUMNS = [
     "chats",
     "chats/s",
     "x raw",
+    "runs",
+    "chats/s range",
     "MiB/answer",
     "health p50 ms",
     "health p95 ms",
     "health p99 ms",
     "health max ms",
+    "health p99 range",
     "chat p50 ms",
     "chat p99 ms",
 ]
@@ -379,6 +393,28 @@ _CPU_COLUMNS = [
     "foreign cores",
     "errors",
 ]
+
+
+def median_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (variant, upstream, target): the run with the median chats/s,
+    plus the spread over the repeats."""
+    rows = []
+    keys = dict.fromkeys((r["variant"], r["upstream"], r["target"]) for r in runs)
+    for key in keys:
+        group = sorted(
+            (r for r in runs if (r["variant"], r["upstream"], r["target"]) == key),
+            key=lambda r: r["chats/s"],
+        )
+        row = dict(group[(len(group) - 1) // 2])
+        row["runs"] = len(group)
+        row["errors"] = sum(r["errors"] for r in group)
+        row["chats/s range"] = f"{group[0]['chats/s']:.1f}-{group[-1]['chats/s']:.1f}"
+        row["health p99 range"] = (
+            f"{min(r['health p99 ms'] for r in group):.0f}-"
+            f"{max(r['health p99 ms'] for r in group):.0f}"
+        )
+        rows.append(row)
+    return rows
 
 
 def _jsonable(args: argparse.Namespace) -> dict[str, Any]:
@@ -428,6 +464,12 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=64, help="K concurrent agents")
     parser.add_argument("--rounds", type=int, default=2, help="fresh sessions per agent")
     parser.add_argument("--turns", type=int, default=2, help="turns per session")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs per target (replay upstream); median shown"
+    )
+    parser.add_argument(
+        "--emulator-repeats", type=int, default=1, help="runs per target (emulator upstream)"
+    )
     parser.add_argument("--variants", type=lambda s: s.split(","), default=["logprobs", "experts"])
     parser.add_argument("--upstreams", type=lambda s: s.split(","), default=["replay", "emulator"])
     parser.add_argument(

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -313,24 +314,38 @@ async def main(args: argparse.Namespace) -> None:
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     xs = [r["concurrency"] for r in rows]
-    for key, style in (
-        ("added p50 ms", "o-"),
-        ("added p99 ms", "o--"),
-        ("raw proxy added p50 ms", "^-"),
-        ("in-server p50 ms", "s-"),
-        ("in-server p99 ms", "s--"),
-    ):
-        ax.plot(xs, [r[key] for r in rows], style, label=key.replace(" ms", ""))
-    ax.axhline(2, color="red", linestyle=":", linewidth=1, label="target p50 (2 ms)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_xlabel("concurrent sessions")
-    ax.set_ylabel("ms")
-    ax.set_title("P2 small turns (1k prompt, 256 completion): server's added latency")
-    ax.legend(fontsize=8)
+    paths = (
+        (
+            "direct-ids p50 ms",
+            "direct to emulator (with input_ids)",
+            lambda r: r["direct-ids p50 ms"],
+        ),
+        (
+            "raw",
+            "through the raw passthrough proxy",
+            lambda r: r["direct-ids p50 ms"] + r["raw proxy added p50 ms"],
+        ),
+        ("server p50 ms", "through the session server", lambda r: r["server p50 ms"]),
+    )
+    for _, label, value in paths:
+        left.plot(xs, [value(r) for r in rows], "o-", label=label)
+    left.set_title("per-turn latency p50", fontsize=10)
+    for key, style in (("in-server p50 ms", "s-"), ("in-server p99 ms", "s--")):
+        right.plot(xs, [r[key] for r in rows], style, label=key.replace(" ms", ""))
+    right.plot(xs, [r["raw proxy added p50 ms"] for r in rows], "^:", label="raw proxy added p50")
+    right.axhline(2, color="red", linestyle=":", linewidth=1, label="target p50 (2 ms)")
+    right.set_title("server overhead per turn (latency - upstream latency)", fontsize=10)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrent sessions")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle("P2 small turns: 1k-token prompt, 256-token answers (2 shared cores)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -354,4 +369,9 @@ if __name__ == "__main__":
     parser.add_argument("--profile", type=Path, help="py-spy the server into this dir")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
-    trio.run(main, parser.parse_args())
+    parser.add_argument("--from-json", type=Path, help="only re-plot a saved --json result")
+    parsed = parser.parse_args()
+    if parsed.from_json and parsed.plot:
+        plot(json.loads(parsed.from_json.read_text())["rows"], parsed.plot)
+    else:
+        trio.run(main, parsed)

@@ -8,6 +8,7 @@ case); a flag on the command line wins over the environment.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -155,6 +156,10 @@ async def serve(settings: Settings) -> None:
                 port=settings.port,
                 graceful_timeout=settings.shutdown_grace_s,
             )
+            # Startup is done: what is loaded now (tokenizer, templates, modules)
+            # lives as long as the process; keep it out of every later GC pass
+            # (a full collection scanned it for 55 ms; docs/benchmarks.md).
+            gc.freeze()
             print(f"rollout-session listening on {server.url}", flush=True)
             print(f"  create a session: curl -X POST {server.url}/sessions", flush=True)
             print(f"  inspector: {server.url}/ui", flush=True)

@@ -43,7 +43,10 @@ class Settings:
     # Connections per worker client: httpcore scans its whole pool per request.
     upstream_max_connections: int = 64
     cpu_threads: int = 2
-    offload_threshold_kb: int = 256
+    # Parse/validate on a thread only above this: msgspec/orjson hold the GIL,
+    # so a thread hop for a 1.3 MiB answer lowered throughput and /health
+    # latency alike (docs/benchmarks.md, what-if "inline").
+    offload_threshold_kb: int = 8192
     max_body_mb: float = 64.0
     # Placement policy: sticky-least-loaded, consistent-hash or round-robin.
     placement: str = "sticky-least-loaded"

@@ -57,11 +57,11 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
     Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_EPSILON)]
     TokenId = Annotated[int, msgspec.Meta(ge=0, lt=vocab_size)]
 
-    # array_like: an entry is [logprob, id, text?]; trailing extras are ignored.
+    # array_like: an entry is [logprob, id, text?]; only the two fields we use
+    # are decoded, trailing elements are skipped (measured: -23% decode time on
+    # SGLang-shaped answers, docs/benchmarks.md).
     Entry = msgspec.defstruct(
-        "Entry",
-        [("logprob", Logprob), ("token_id", TokenId), ("text", str | None, None)],
-        array_like=True,
+        "Entry", [("logprob", Logprob), ("token_id", TokenId)], array_like=True
     )
     MetaInfo = msgspec.defstruct(
         "MetaInfo",

@@ -17,6 +17,6 @@ for rep in $(seq "$repeats"); do
     echo "== whatif=[${whatif}] repeat=${rep} load=$(cut -d' ' -f1-3 /proc/loadavg)"
     ROLLOUT_WHATIF="$whatif" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" \
       "$here/../large_turns.py" --sessions 64 --rounds 4 --variants logprobs \
-      --upstreams replay --targets server,raw 2>&1 | grep -E '^\| logprobs' | tail -4
+      --upstreams replay --targets server,raw --repeats 1 2>&1 | grep -E '^\| logprobs' | tail -4
   done
 done
