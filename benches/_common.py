@@ -216,6 +216,31 @@ def bench_command(script: str, *flags: str) -> list[str]:
     return [PYTHON, str(BENCHES / script), *flags]
 
 
+# -- bare ASGI (the raw proxy and the replayed upstream) -------------------------
+
+
+async def serve_lifespan(receive: Any, send: Any) -> None:
+    """Answer an ASGI lifespan scope: start-up and shutdown, nothing to do."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def read_body(receive: Any) -> bytes:
+    """The whole request body of an ASGI http scope."""
+    parts = []
+    more = True
+    while more:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(parts)
+
+
 # -- /health probe ----------------------------------------------------------------
 
 

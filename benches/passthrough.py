@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import orjson
 import trio
+from _common import read_body, serve_lifespan
 
 from rollout_session.serving import start_server
 
@@ -40,28 +41,17 @@ def make_client(upstream: str, connections: int) -> httpx.AsyncClient:
 def asgi_proxy(client: httpx.AsyncClient) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         if scope["method"] == "GET" and scope["path"] == "/health":
             status, content_type, body = 200, b"application/json", _HEALTH
         else:
-            parts = []
-            more = True
-            while more:
-                message = await receive()
-                parts.append(message.get("body", b""))
-                more = message.get("more_body", False)
             response = await client.request(
                 scope["method"],
                 scope["path"],
-                content=b"".join(parts),
+                content=await read_body(receive),
                 headers={"content-type": "application/json"},
             )
             status = response.status_code

@@ -33,6 +33,7 @@ import msgspec
 import numpy as np
 import orjson
 import trio
+from _common import read_body, serve_lifespan
 
 from rollout_session.serving import start_server
 
@@ -119,26 +120,16 @@ def make_app(answer: bytes, model: str, tokenizer: str, context_length: int) -> 
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
-        chunks = []
-        more = True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
+        request_body = await read_body(receive)
         path = scope["path"]
         status = 200
         if path == "/v1/chat/completions" and scope["method"] == "POST":
             try:
-                request = _DECODER.decode(b"".join(chunks))
+                request = _DECODER.decode(request_body)
             except msgspec.DecodeError:
                 request = _Request()
             body = template.render(request)
