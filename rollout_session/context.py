@@ -16,7 +16,7 @@ import trio
 
 from .config import Settings
 from .lifecycle import PauseGate
-from .sessions import SessionRegistry
+from .sessions import Session, SessionRegistry
 from .tokenization import ChatTokenizer
 from .upstream import ModelInfo
 from .workers import WorkerPool
@@ -43,6 +43,14 @@ class ServerContext:
     # Set during startup (before serving): loading needs the worker's answer.
     tokenizer: ChatTokenizer | None = None
     model_info: ModelInfo | None = None
+
+    def forget(self, session: Session) -> None:
+        """A session leaves the server (collected, or its keep-closed window
+        passed): drop it, unpin it (idempotent) and journal that it is gone."""
+        self.registry.remove(session)
+        self.pool.release_session(session)
+        if self.journal is not None:
+            self.journal.close(session.id)
 
     @property
     def ready_tokenizer(self) -> ChatTokenizer:

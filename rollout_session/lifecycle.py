@@ -64,9 +64,7 @@ def reap_once(ctx: ServerContext) -> None:
                 session.id,
                 settings.keep_closed_s,
             )
-            ctx.registry.remove(session)
-            if ctx.journal is not None:
-                ctx.journal.close(session.id)
+            ctx.forget(session)
 
 
 async def reap_forever(ctx: ServerContext, interval_s: float = 1.0) -> None:

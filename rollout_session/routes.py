@@ -152,10 +152,8 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
             # aborts the upstream request, and the turn commits nothing.
             await slot.done.wait()
         session.closed_at = registry.clock()
-        registry.remove(session)
-        ctx.pool.release_session(session)
+        ctx.forget(session)
         if ctx.journal is not None:
-            ctx.journal.close(session.id)
             await ctx.journal.wait_durable()
         doc = export_document(session, "closed", include)
         return await document_response(ctx, doc, len(session.trajectory))
