@@ -3,12 +3,43 @@
 Agents talk OpenAI chat to ``/sessions/{id}/v1``; the server keeps each
 session's exact token trajectory, pins its turns to one SGLang worker, and
 hands the trainer a training-ready document.
+
+The public names are imported on first use: validation worker processes
+import ``rollout_session.validation`` only, and must not pay for the web stack
+(Quart, transformers: ~0.9 s and ~100 MB per process).
 """
 
-from .app import create_app
-from .config import Settings
-from .errors import RolloutSessionError
-from .export import SCHEMA_VERSION
-from .sessions import SessionState
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import create_app
+    from .config import Settings
+    from .errors import RolloutSessionError
+    from .export import SCHEMA_VERSION
+    from .sessions import SessionState
 
 __all__ = ["SCHEMA_VERSION", "RolloutSessionError", "SessionState", "Settings", "create_app"]
+
+_HOME = {
+    "SCHEMA_VERSION": ".export",
+    "RolloutSessionError": ".errors",
+    "SessionState": ".sessions",
+    "Settings": ".config",
+    "create_app": ".app",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

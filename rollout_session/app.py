@@ -89,6 +89,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         registry=SessionRegistry(max_sessions=settings.max_sessions),
         pool=pool,
         cpu_limiter=trio.CapacityLimiter(settings.cpu_threads),
+        process_limiter=trio.CapacityLimiter(max(1, settings.parse_processes)),
         pause=PauseGate(settings.pause_wait_s),
         metrics=Metrics(lambda: ctx),
         tokenizer=tokenizer,
@@ -112,6 +113,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
             await app.nursery.start(ctx.journal.run)
             logger.info("journal %s: restored %d sessions", settings.journal, len(restored))
         await app.nursery.start(ctx.pool.run)
+        await app.nursery.start(ctx.run_processes)
         app.nursery.start_soon(reap_forever, ctx)
         await _load_model(ctx)
 

@@ -66,6 +66,8 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--upstream-max-connections", "upstream_max_connections", int, "pool size per worker"),
     ("--cpu-threads", "cpu_threads", int, "threads for large parse/validate work"),
     ("--offload-threshold-kb", "offload_threshold_kb", int, "offload bodies over this size"),
+    ("--parse-processes", "parse_processes", int, "processes validating large answers (0: none)"),
+    ("--process-threshold-kb", "process_threshold_kb", int, "validate answers over this in one"),
     ("--max-body-mb", "max_body_mb", float, "largest accepted request body"),
     ("--placement", "placement", str, "sticky-least-loaded, consistent-hash, round-robin"),
     ("--health-interval-s", "health_interval_s", float, "seconds between worker probes"),

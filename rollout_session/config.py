@@ -47,6 +47,11 @@ class Settings:
     # so a thread hop for a 1.3 MiB answer lowered throughput and /health
     # latency alike (docs/benchmarks.md, what-if "inline").
     offload_threshold_kb: int = 8192
+    # Worker answers over this size are validated in one of `parse_processes`
+    # worker processes (0 = never): off the GIL, so a burst of 1 MiB answers
+    # does not stall the loop (/health p99 under P1 load, docs/benchmarks.md).
+    parse_processes: int = 2
+    process_threshold_kb: int = 256
     max_body_mb: float = 64.0
     # Placement policy: sticky-least-loaded, consistent-hash or round-robin.
     placement: str = "sticky-least-loaded"
@@ -123,8 +128,9 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_rollback_turns < 0:
             raise ValueError("max_rollback_turns must be >= 0")
-        if self.offload_threshold_kb < 0:
-            raise ValueError("offload_threshold_kb must be >= 0")
+        for name in ("offload_threshold_kb", "parse_processes", "process_threshold_kb"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError("context_length must be >= 1")
         if not self.demo and not self.workers:
@@ -139,6 +145,10 @@ class Settings:
     @property
     def offload_threshold_bytes(self) -> int:
         return self.offload_threshold_kb * 1024
+
+    @property
+    def process_threshold_bytes(self) -> int:
+        return self.process_threshold_kb * 1024
 
 
 def _positive(name: str, value: float) -> None:

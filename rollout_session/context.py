@@ -1,18 +1,21 @@
 """The server's owned state: one `ServerContext` per app, built by `create_app`.
 
-Nothing is global: the registry, the worker pool, the tokenizer and the CPU
-limiter live here and are reached through the app that owns them.
+Nothing is global: the registry, the worker pool, the tokenizer, the CPU
+limiter and the validation processes live here and are reached through the
+app that owns them.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import trio
+import trio_parallel
 
 from .config import Settings
 from .lifecycle import PauseGate
@@ -36,6 +39,8 @@ class ServerContext:
     registry: SessionRegistry
     pool: WorkerPool
     cpu_limiter: trio.CapacityLimiter
+    # One job per validation process at a time (`--parse-processes`).
+    process_limiter: trio.CapacityLimiter
     pause: PauseGate
     metrics: Metrics
     journal: Journal | None = None
@@ -43,6 +48,9 @@ class ServerContext:
     # Set during startup (before serving): loading needs the worker's answer.
     tokenizer: ChatTokenizer | None = None
     model_info: ModelInfo | None = None
+    # Validation processes: open while `run_processes` runs (None otherwise:
+    # then large answers are parsed on a thread like any other large input).
+    processes: trio_parallel.WorkerContext | None = None
 
     def forget(self, session: Session) -> None:
         """A session leaves the server (collected, or its keep-closed window
@@ -76,3 +84,37 @@ class ServerContext:
         if nbytes <= self.settings.offload_threshold_bytes:
             return call()
         return await trio.to_thread.run_sync(call, limiter=self.cpu_limiter)
+
+    async def offload_process(self, nbytes: int, fn: Callable[..., T], *args: object) -> T:
+        """Run CPU-bound, picklable `fn` in a worker process when its input
+        is large (`--process-threshold-kb`), else like `offload`.
+
+        A process is the only place a 1 MiB decode does not hold this
+        process's GIL, so the loop keeps answering /health and other sessions
+        while it runs. Not cancellable: a cancelled turn waits the few ms the
+        job has left, then the cancellation applies.
+        """
+        workers = self.processes
+        if workers is None or nbytes <= self.settings.process_threshold_bytes:
+            return await self.offload(nbytes, fn, *args)
+        result: T = await workers.run_sync(fn, *args, limiter=self.process_limiter)
+        return result
+
+    async def run_processes(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Own the validation processes until cancelled (app shutdown).
+
+        Workers start on first use, then stay (no idle timeout: a respawn
+        costs ~0.2 s of imports); closing waits for running jobs.
+        """
+        if self.settings.parse_processes == 0:
+            task_status.started()
+            return
+        async with trio_parallel.open_worker_context(
+            idle_timeout=math.inf, grace_period=5.0
+        ) as workers:
+            self.processes = workers
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self.processes = None

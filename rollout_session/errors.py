@@ -22,7 +22,7 @@ Tree::
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import orjson
 
@@ -77,6 +77,21 @@ class RolloutSessionError(Exception):
 
     def to_body(self) -> bytes:
         return error_body(self.message, self.error_type, self.code, self.param)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors raised in a validation worker process come back pickled; the
+        # default reduce would call __init__ with positional args only, which
+        # breaks keyword-only fields (UpstreamMalformed's `kind`).
+        return (_restore, (type(self), self.message, dict(vars(self))))
+
+
+def _restore(
+    cls: type[RolloutSessionError], message: str, state: dict[str, Any]
+) -> RolloutSessionError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 def error_body(message: str, error_type: str, code: str, param: str | None = None) -> bytes:

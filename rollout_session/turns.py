@@ -35,7 +35,7 @@ from .sessions import Session, SessionState, TurnSlot
 from .tokenization import missing_turn_end
 from .trajectory import IdArray, Turn
 from .upstream import UpstreamReply
-from .validation import WorkerAnswer, decode_routed_experts, parse_worker_answer
+from .validation import AnswerCheck, WorkerAnswer, check_answer
 
 __all__ = ["TurnOutcome", "TurnPlan", "commit_turn", "plan_turn", "run_turn"]
 
@@ -281,20 +281,17 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
         # The worker's own error (e.g. SGLang's 400 for a long prompt) is the
         # agent's answer; nothing is committed.
         return TurnOutcome(reply, request.stream_mode)
-    answer = await ctx.offload(
+    answer, experts = await ctx.offload_process(
         len(reply.body),
-        parse_worker_answer,
+        check_answer,
         reply.body,
-        sent_prompt_tokens=len(plan.input_ids),
-        vocab_size=ctx.ready_tokenizer.vocab_size,
+        AnswerCheck(
+            sent_prompt_tokens=len(plan.input_ids),
+            vocab_size=ctx.ready_tokenizer.vocab_size,
+            experts_from=plan.experts_start if ctx.settings.routed_experts else None,
+            experts_width=session.trajectory.experts_width if plan.keep_turns else None,
+        ),
     )
-    experts = None
-    if ctx.settings.routed_experts:
-        experts = decode_routed_experts(
-            answer.routed_experts,
-            positions=len(plan.input_ids) + len(answer.ids) - 1 - plan.experts_start,
-            width=session.trajectory.experts_width if plan.keep_turns else None,
-        )
     # No await from here on: the state check and the commit are one step.
     commit_turn(session, slot, plan, answer, reply, ctx.registry.clock(), experts)
     ctx.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))

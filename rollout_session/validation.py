@@ -7,14 +7,16 @@ ids outside ``0 ≤ id < vocab_size``. What msgspec cannot express (length
 agreement, prompt token count) is checked here after decoding. Anything that
 fails is `UpstreamMalformed`: nothing of that turn is committed.
 
-The decoder is CPU-bound; the caller runs it on the CPU limiter when the body
-is large. It never mutates session state.
+Decoding is CPU-bound and holds the GIL, so the server runs `check_answer`
+for large bodies in a worker process: everything here is picklable (the
+arguments, `WorkerAnswer`, the error) and nothing touches session state.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -26,7 +28,14 @@ import numpy as np
 from .errors import UpstreamMalformed
 from .trajectory import IdArray, LogprobArray
 
-__all__ = ["WorkerAnswer", "answer_decoder", "decode_routed_experts", "parse_worker_answer"]
+__all__ = [
+    "AnswerCheck",
+    "WorkerAnswer",
+    "answer_decoder",
+    "check_answer",
+    "decode_routed_experts",
+    "parse_worker_answer",
+]
 
 # Logprobs are ≤ 0; allow float noise from the sampler's log-softmax.
 LOGPROB_EPSILON = 1e-4
@@ -59,9 +68,10 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
 
     # array_like: an entry is [logprob, id, text?]; only the two fields we use
     # are decoded, trailing elements are skipped (measured: -23% decode time on
-    # SGLang-shaped answers, docs/benchmarks.md).
+    # SGLang-shaped answers, docs/benchmarks.md). gc=False: an entry holds only
+    # a float and an int, so the collector never needs to track 30k of them.
     Entry = msgspec.defstruct(
-        "Entry", [("logprob", Logprob), ("token_id", TokenId)], array_like=True
+        "Entry", [("logprob", Logprob), ("token_id", TokenId)], array_like=True, gc=False
     )
     MetaInfo = msgspec.defstruct(
         "MetaInfo",
@@ -113,6 +123,18 @@ class WorkerAnswer:
     model: str | None
     # Base64 routed-expert ids for the positions asked for (R3), unparsed.
     routed_experts: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class AnswerCheck:
+    """What a worker's answer to one turn is checked against."""
+
+    sent_prompt_tokens: int
+    vocab_size: int
+    # R3: routed experts are expected for new positions from this one on
+    # (None: not asked for), `experts_width` values per position as before.
+    experts_from: int | None = None
+    experts_width: int | None = None
 
 
 _PATH = re.compile(r"at `\$([^`]*)`")
@@ -210,3 +232,20 @@ def decode_routed_experts(
             kind="routed_experts",
         )
     return data, values // positions
+
+
+def check_answer(body: bytes, check: AnswerCheck) -> tuple[WorkerAnswer, tuple[bytes, int] | None]:
+    """`parse_worker_answer` plus the routed-experts check, in one call that
+    can run in a worker process. The base64 blob is not returned: the decoded
+    bytes are what the trajectory stores."""
+    answer = parse_worker_answer(
+        body, sent_prompt_tokens=check.sent_prompt_tokens, vocab_size=check.vocab_size
+    )
+    if check.experts_from is None:
+        return answer, None
+    experts = decode_routed_experts(
+        answer.routed_experts,
+        positions=check.sent_prompt_tokens + len(answer.ids) - 1 - check.experts_from,
+        width=check.experts_width,
+    )
+    return dataclasses.replace(answer, routed_experts=None), experts

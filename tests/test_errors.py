@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import orjson
 import pytest
 
@@ -67,3 +69,17 @@ def test_body_shape_and_headers() -> None:
     assert error.headers == {"Retry-After": "1"}
     assert errors.RequestTooLarge("big").headers == {"Connection": "close"}
     assert errors.UpstreamMalformed("bad", kind="json").kind == "json"
+
+
+@pytest.mark.parametrize("cls", leaf_classes(), ids=lambda cls: cls.__name__)
+def test_every_error_survives_pickling(cls: type[errors.RolloutSessionError]) -> None:
+    # Validation runs in worker processes: its errors come back pickled.
+    if cls is errors.UpstreamMalformed:
+        error: errors.RolloutSessionError = cls("bad logprob", kind="logprob")  # type: ignore[call-arg]
+    else:
+        error = cls("message")
+    error.param = "messages"
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert vars(copy) == vars(error) and copy.args == error.args
+    assert copy.to_body() == error.to_body()

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import copy
+import dataclasses
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
 from rollout_session.errors import UpstreamMalformed
-from rollout_session.validation import parse_worker_answer
+from rollout_session.validation import AnswerCheck, check_answer, parse_worker_answer
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "sglang_chat_answers.json").read_text())
 VOCAB = 151_936  # Qwen's, the fixtures' model
@@ -95,3 +100,34 @@ def test_malformed_answers_are_rejected(body: bytes, kind: str) -> None:
         parse(body)
     assert info.value.kind == kind
     assert info.value.status_code == 502
+
+
+def test_check_answer_decodes_routed_experts_and_pickles() -> None:
+    # What a validation worker process returns must survive pickling intact.
+    width = 3
+    answer = copy.deepcopy(FIXTURES["text_answer"])
+    sampled = len(answer["choices"][0]["meta_info"]["output_token_logprobs"])
+    # Positions 10.. of a 42-token prompt plus the sampled ones but the last.
+    values = np.arange((42 + sampled - 1 - 10) * width, dtype="<i4")
+    answer["choices"][0]["meta_info"]["routed_experts"] = base64.b64encode(
+        values.tobytes()
+    ).decode()
+    check = AnswerCheck(sent_prompt_tokens=42, vocab_size=VOCAB, experts_from=10)
+    parsed, experts = pickle.loads(pickle.dumps(check_answer(orjson.dumps(answer), check)))
+    assert experts == (values.tobytes(), width)
+    assert parsed.routed_experts is None  # the blob is not carried twice
+    assert parsed.ids.tolist() == [40, 1184, 1401, 13, 151645]
+    with pytest.raises(UpstreamMalformed) as caught:
+        check_answer(orjson.dumps(answer), dataclasses.replace(check, experts_from=11))
+    assert caught.value.kind == "routed_experts"
+
+
+
+def test_check_answer_without_routed_experts_is_parse_worker_answer() -> None:
+    body = orjson.dumps(FIXTURES["tool_call_answer"])
+    parsed, experts = check_answer(body, AnswerCheck(sent_prompt_tokens=42, vocab_size=VOCAB))
+    expected = parse(body)
+    assert experts is None
+    assert parsed.ids.tolist() == expected.ids.tolist()
+    assert parsed.logprobs.tolist() == expected.logprobs.tolist()
+    assert (parsed.tool_calls, parsed.finish_reason) == (expected.tool_calls, "tool_calls")
