@@ -49,7 +49,7 @@ class ServerContext:
     tokenizer: ChatTokenizer | None = None
     model_info: ModelInfo | None = None
     # Validation processes: open while `run_processes` runs (None otherwise:
-    # then large answers are parsed on a thread like any other large input).
+    # then answers go through `offload` like any other input).
     processes: trio_parallel.WorkerContext | None = None
 
     def forget(self, session: Session) -> None:
@@ -85,9 +85,10 @@ class ServerContext:
             return call()
         return await trio.to_thread.run_sync(call, limiter=self.cpu_limiter)
 
-    async def offload_process(self, nbytes: int, fn: Callable[..., T], *args: object) -> T:
+    async def offload_process(self, cost: int, fn: Callable[..., T], *args: object) -> T:
         """Run CPU-bound, picklable `fn` in a worker process when its input
-        is large (`--process-threshold-kb`), else like `offload`.
+        is costly (`cost` bytes over `--process-threshold-kb`), else like
+        `offload`.
 
         A process is the only place a 1 MiB decode does not hold this
         process's GIL, so the loop keeps answering /health and other sessions
@@ -95,8 +96,8 @@ class ServerContext:
         job has left, then the cancellation applies.
         """
         workers = self.processes
-        if workers is None or nbytes <= self.settings.process_threshold_bytes:
-            return await self.offload(nbytes, fn, *args)
+        if workers is None or cost <= self.settings.process_threshold_bytes:
+            return await self.offload(cost, fn, *args)
         result: T = await workers.run_sync(fn, *args, limiter=self.process_limiter)
         return result
 
@@ -104,7 +105,7 @@ class ServerContext:
         """Own the validation processes until cancelled (app shutdown).
 
         Workers start on first use, then stay (no idle timeout: a respawn
-        costs ~0.2 s of imports); closing waits for running jobs.
+        costs 0.1-0.4 s of imports); closing waits for running jobs.
         """
         if self.settings.parse_processes == 0:
             task_status.started()

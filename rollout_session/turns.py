@@ -35,7 +35,7 @@ from .sessions import Session, SessionState, TurnSlot
 from .tokenization import missing_turn_end
 from .trajectory import IdArray, Turn
 from .upstream import UpstreamReply
-from .validation import AnswerCheck, WorkerAnswer, check_answer
+from .validation import AnswerCheck, WorkerAnswer, check_answer, decode_cost
 
 __all__ = ["TurnOutcome", "TurnPlan", "commit_turn", "plan_turn", "run_turn"]
 
@@ -282,7 +282,7 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
         # agent's answer; nothing is committed.
         return TurnOutcome(reply, request.stream_mode)
     answer, experts = await ctx.offload_process(
-        len(reply.body),
+        decode_cost(reply.body),
         check_answer,
         reply.body,
         AnswerCheck(

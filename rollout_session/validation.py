@@ -14,7 +14,6 @@ arguments, `WorkerAnswer`, the error) and nothing touches session state.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import dataclasses
 import functools
@@ -24,6 +23,7 @@ from typing import Annotated, Any
 
 import msgspec
 import numpy as np
+import pybase64
 
 from .errors import UpstreamMalformed
 from .trajectory import IdArray, LogprobArray
@@ -33,6 +33,7 @@ __all__ = [
     "WorkerAnswer",
     "answer_decoder",
     "check_answer",
+    "decode_cost",
     "decode_routed_experts",
     "parse_worker_answer",
 ]
@@ -125,6 +126,25 @@ class WorkerAnswer:
     routed_experts: str | None = None
 
 
+_EXPERTS_KEY = b'"routed_experts":"'
+
+
+def decode_cost(body: bytes) -> int:
+    """The bytes of `body` that cost decode time: all but the routed-experts
+    string.
+
+    Decoding costs per JSON value, not per byte: 30k logprob entries (0.7 MiB)
+    take ~6 ms, a 1.3 MiB base64 string well under one. Where an answer is
+    validated (loop or process) is decided on this; a miss (other spacing)
+    only counts the string in.
+    """
+    start = body.find(_EXPERTS_KEY)
+    if start < 0:
+        return len(body)
+    end = body.find(b'"', start + len(_EXPERTS_KEY))
+    return len(body) - (end - start) if end > 0 else len(body)
+
+
 @dataclass(slots=True, frozen=True)
 class AnswerCheck:
     """What a worker's answer to one turn is checked against."""
@@ -215,7 +235,8 @@ def decode_routed_experts(
             raise UpstreamMalformed("worker stopped sending routed_experts", kind="routed_experts")
         return None
     try:
-        data = base64.b64decode(blob, validate=True)
+        # pybase64 (SIMD): 0.07 ms for 1.3 MiB, the standard library's 3 ms.
+        data = pybase64.b64decode(blob, validate=True)
     except (binascii.Error, ValueError):
         raise UpstreamMalformed("routed_experts is not base64", kind="routed_experts") from None
     values, rest = divmod(len(data), 4)

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from rollout_session.errors import UpstreamMalformed
-from rollout_session.validation import AnswerCheck, check_answer, parse_worker_answer
+from rollout_session.validation import AnswerCheck, check_answer, decode_cost, parse_worker_answer
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "sglang_chat_answers.json").read_text())
 VOCAB = 151_936  # Qwen's, the fixtures' model
@@ -122,7 +122,6 @@ def test_check_answer_decodes_routed_experts_and_pickles() -> None:
     assert caught.value.kind == "routed_experts"
 
 
-
 def test_check_answer_without_routed_experts_is_parse_worker_answer() -> None:
     body = orjson.dumps(FIXTURES["tool_call_answer"])
     parsed, experts = check_answer(body, AnswerCheck(sent_prompt_tokens=42, vocab_size=VOCAB))
@@ -131,3 +130,14 @@ def test_check_answer_without_routed_experts_is_parse_worker_answer() -> None:
     assert parsed.ids.tolist() == expected.ids.tolist()
     assert parsed.logprobs.tolist() == expected.logprobs.tolist()
     assert (parsed.tool_calls, parsed.finish_reason) == (expected.tool_calls, "tool_calls")
+
+
+def test_decode_cost_leaves_out_the_routed_experts_string() -> None:
+    answer = copy.deepcopy(FIXTURES["text_answer"])
+    plain = orjson.dumps(answer)
+    assert decode_cost(plain) == len(plain)
+    blob = base64.b64encode(bytes(300_000)).decode()
+    answer["choices"][0]["meta_info"]["routed_experts"] = blob
+    with_experts = orjson.dumps(answer)
+    # The key and the string are left out; the closing quote still counts.
+    assert decode_cost(with_experts) == len(with_experts) - len(blob) - len('"routed_experts":"')
