@@ -589,7 +589,6 @@ async def test_gpu_contention_queues_prefill_over_http(
     # Waited for the first prefill (1 s), then prefilled its own 40 tokens.
     assert queued["e2e_latency"] == pytest.approx(1.04, abs=0.005)
     stats = (await client.get("/emulator/stats")).json()["gpu"]
-    assert stats["contention"] is True
     assert stats["prefill_busy_s"] == pytest.approx(1.04, abs=0.005)
 
 

@@ -149,14 +149,7 @@ class Emulator:
         self.config = config
         self.model = model or TextModel(AutoTokenizer.from_pretrained(str(config.tokenizer_path)))
         self.cache = PrefixCache(config.cache_capacity_tokens, config.cache_block_tokens)
-        self.gpu = GpuModel(
-            self.cache,
-            base_latency_s=config.base_latency_s,
-            prefill_s_per_token=config.prefill_s_per_token,
-            decode_s_per_token=config.decode_s_per_token,
-            contention=config.gpu_contention,
-            on_change=self._notify,
-        )
+        self.gpu = GpuModel(self.cache, on_change=self._notify)
         self.faults = FaultPicker(config.fault, config.fault_rate, config.seed)
         self.requests: deque[ChatRecord] = deque(maxlen=config.record_limit)
         self.received = 0
@@ -306,7 +299,7 @@ class Emulator:
         if body.get("return_routed_experts") and start_len > forwarded:
             raise BadRequest(f"routed_experts_start_len {start_len} > {forwarded} positions")
 
-        cached = await self.gpu.serve(prompt, sample.ids, session_id)
+        cached = await self.gpu.serve(cfg, prompt, sample.ids, session_id)
 
         routed = None
         if body.get("return_routed_experts"):

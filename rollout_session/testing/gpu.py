@@ -24,58 +24,61 @@ prefill/decode batches):
 - ``base_latency_s`` (HTTP, tokenisation, scheduling) stays outside the GPU
   and overlaps freely.
 
-Decode progress is one shared clock counted in steps; it advances at
-``1 / decode_s_per_token`` per second while no prefill runs. A request that
-samples n tokens waits until the clock has moved n steps past the moment it
-joined. Steps are continuous, not quantised (joining mid-step costs nothing),
-which is exact enough at the step sizes the emulator is given.
+Decode progress is one shared clock: the seconds during which no prefill
+ran. A request that samples n tokens waits until that clock has moved
+n x ``decode_s_per_token`` past the moment it joined. Steps are continuous,
+not quantised (joining mid-step costs nothing), which is exact enough at the
+step sizes the emulator is given.
+
+The costs are read from the emulator's config on every request (tests swap
+``Emulator.config`` to change latency mid-test).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from rollout_session.testing.prefix_cache import PrefixCache
 
-__all__ = ["GpuModel"]
+__all__ = ["GpuCosts", "GpuModel"]
 
-# Decode steps closer than this to a request's target count as reached: the
-# clock is a float sum of elapsed/step and never lands exactly.
-_STEP_EPSILON = 1e-9
+# Decode time closer than this to a request's target counts as reached: the
+# clock is a float sum of elapsed times and never lands exactly.
+_EPSILON_S = 1e-9
+
+
+class GpuCosts(Protocol):
+    """The `EmulatorConfig` fields the model reads (seconds)."""
+
+    @property
+    def base_latency_s(self) -> float: ...
+    @property
+    def prefill_s_per_token(self) -> float: ...
+    @property
+    def decode_s_per_token(self) -> float: ...
+    @property
+    def gpu_contention(self) -> bool: ...
 
 
 class GpuModel:
     """GPU time of one emulator worker; `serve` charges one request's time."""
 
-    def __init__(
-        self,
-        cache: PrefixCache,
-        *,
-        base_latency_s: float,
-        prefill_s_per_token: float,
-        decode_s_per_token: float,
-        contention: bool,
-        on_change: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, cache: PrefixCache, on_change: Callable[[], None] = lambda: None) -> None:
         self.cache = cache
-        self.base_latency_s = base_latency_s
-        self.prefill_s_per_token = prefill_s_per_token
-        self.decode_s_per_token = decode_s_per_token
-        self.contention = contention
         self._on_change = on_change
         # Trio's locks are fair: waiters get the GPU in arrival order.
         self._prefill_lock = trio.Lock()
         self._changed = trio.Event()
-        # Contention state; invariant: _steps and the busy totals are exact as
-        # of _since, and every change of `prefilling` or `decoding` first
+        # Contention state; invariant: _decoded_s and the busy totals are exact
+        # as of _since, and every change of `prefilling` or `decoding` first
         # brings them up to date (`_advance`).
         self.prefill_waiting = 0  # requests queued for or in prefill
         self.prefilling = False
         self.decoding = 0  # requests in the decode batch
-        self._steps = 0.0
+        self._decoded_s = 0.0  # the decode clock: time with no prefill running
         self._since: float | None = None
         self.prefill_busy_s = 0.0
         self.decode_busy_s = 0.0  # time with >= 1 request decoding and no prefill
@@ -83,7 +86,6 @@ class GpuModel:
     def stats(self) -> dict[str, Any]:
         self._advance()
         return {
-            "contention": self.contention,
             "prefill_waiting": self.prefill_waiting,
             "decoding": self.decoding,
             "prefill_busy_s": self.prefill_busy_s,
@@ -91,21 +93,25 @@ class GpuModel:
         }
 
     async def serve(
-        self, prompt: Sequence[int], sampled: Sequence[int], session_id: str | None
+        self,
+        costs: GpuCosts,
+        prompt: Sequence[int],
+        sampled: Sequence[int],
+        session_id: str | None,
     ) -> int:
         """Wait the request's GPU time and update the cache; returns its cached tokens."""
-        if not self.contention:
+        if not costs.gpu_contention:
             cached = self.cache.match(prompt)
             await trio.sleep(
-                self.base_latency_s
-                + self.prefill_s_per_token * (len(prompt) - cached)
-                + self.decode_s_per_token * len(sampled)
+                costs.base_latency_s
+                + costs.prefill_s_per_token * (len(prompt) - cached)
+                + costs.decode_s_per_token * len(sampled)
             )
             self.cache.insert([*prompt, *sampled], session_id)
             return cached
-        await trio.sleep(self.base_latency_s)
-        cached = await self._prefill(prompt, session_id)
-        await self._decode(len(sampled))
+        await trio.sleep(costs.base_latency_s)
+        cached = await self._prefill(prompt, session_id, costs.prefill_s_per_token)
+        await self._decode(costs.decode_s_per_token * len(sampled))
         self.cache.insert([*prompt, *sampled], session_id)
         return cached
 
@@ -126,21 +132,22 @@ class GpuModel:
             return
         if self.decoding:
             self.decode_busy_s += elapsed
-        if self.decode_s_per_token > 0:
-            self._steps += elapsed / self.decode_s_per_token
+        self._decoded_s += elapsed
 
     def _set_prefilling(self, value: bool) -> None:
         self._advance()
         self.prefilling = value
         self._notify()
 
-    async def _prefill(self, prompt: Sequence[int], session_id: str | None) -> int:
+    async def _prefill(
+        self, prompt: Sequence[int], session_id: str | None, s_per_token: float
+    ) -> int:
         self.prefill_waiting += 1
         self._notify()
         try:
             async with self._prefill_lock:
                 cached = self.cache.match(prompt)
-                seconds = self.prefill_s_per_token * (len(prompt) - cached)
+                seconds = s_per_token * (len(prompt) - cached)
                 if seconds > 0:
                     self._set_prefilling(True)
                     try:
@@ -153,24 +160,25 @@ class GpuModel:
             self.prefill_waiting -= 1
             self._notify()
 
-    async def _decode(self, tokens: int) -> None:
-        if tokens == 0 or self.decode_s_per_token == 0:
+    async def _decode(self, seconds: float) -> None:
+        """Wait until the decode clock has run ``seconds`` (steps x step time)."""
+        if seconds <= 0:
             return
         self._advance()
         self.decoding += 1
         self._notify()
-        target = self._steps + tokens
+        target = self._decoded_s + seconds
         try:
             while True:
                 self._advance()
-                remaining = target - self._steps
-                if remaining <= _STEP_EPSILON:
+                remaining = target - self._decoded_s
+                if remaining <= _EPSILON_S:
                     return
                 changed = self._changed
                 if self.prefilling:
                     await changed.wait()  # decode is stopped until the prefill ends
                 else:
-                    with trio.move_on_after(remaining * self.decode_s_per_token):
+                    with trio.move_on_after(remaining):
                         await changed.wait()  # a prefill may start and stop the clock
         finally:
             self._advance()
