@@ -1,18 +1,39 @@
 """P5 placement: prefix-cache hits, load balance and rollout time per policy (issue 3).
 
-For each policy (``--policies``: sticky-least-loaded, consistent-hash,
-round-robin) the benchmark starts ``--workers`` (4) fresh emulator processes
-with the prefix-cache model and simulated GPU time (a fixed cost per call, a
-prefill cost per *uncached* prompt token, a decode cost per sampled token),
-and a fresh session server with ``--placement POLICY`` in front of them. Then
-``--agents`` (64) concurrent agents each run ``--turns`` (10) tool turns: a
-shared system prompt and tool list (as in an RL task where every agent gets
-the same instructions), a task of its own, and every turn a tool call answered
-with a ~``--tool-result-words`` tool result. All workers use the same seed, so
-the conversations are identical whichever worker serves a turn.
+For each workload (``--workloads``), GPU model (``--models``) and policy
+(``--policies``: sticky-least-loaded, consistent-hash, round-robin) the
+benchmark starts ``--workers`` (4) fresh emulator processes with the
+prefix-cache model and simulated GPU time, and a fresh session server with
+``--placement POLICY`` in front of them. Then ``--agents`` (64) concurrent
+agents each run ``--turns`` (10) tool turns: a shared system prompt and tool
+list (every agent of an RL task gets the same instructions), a task of its
+own, and every turn a tool call answered with a tool result. All workers use
+the same seed, so the conversations are identical whichever worker serves a
+turn.
 
-Reported per policy, from the sessions' trajectories (collected with DELETE)
-and the pool's ``/workers``:
+Workloads (sizes in words; a generated word is about one token):
+
+- ``v1``: the first P5 workload: 1,800-word system prompt, one small tool,
+  40-word task, 200-word tool results;
+- ``agentic`` (modelled on OpenHands' CodeAct agent, see docs/benchmarks.md):
+  1,300-word system prompt, five tools with long descriptions (~2.2k tokens of
+  tool JSON), 250-word task, tool results cycling through 80..1,200 words
+  (mean 478 words, 448 tokens).
+
+GPU models (the emulator's ``--gpu-contention``, see docs/emulator.md):
+
+- ``independent``: every request sleeps base + prefill x uncached + decode x
+  sampled on its own (no contention), at ``--prefill-s-per-token``
+  (default 1 ms: "a loaded GPU's share per request");
+- ``contention``: one GPU per worker; prefill serialised in arrival order and
+  stalling the batched decode, at ``--gpu-prefill-s-per-token`` (default
+  0.1 ms: the whole GPU's prefill rate, ~10k tokens/s).
+
+Both use ``--base-latency-s`` (0.1 s, outside the GPU) and
+``--decode-s-per-token`` (25 ms: one batched decode step).
+
+Reported per run, from the sessions' trajectories (collected with DELETE),
+the pool's ``/workers`` and the emulators' ``/emulator/stats``:
 
 - cache-hit rate: sum of ``cached_tokens`` / sum of prompt tokens over all
   turns (first turns included), and the same over turns 2+; "history reuse":
@@ -23,26 +44,19 @@ and the pool's ``/workers``:
   without cross-session sharing);
 - load: max/mean over workers of the requests served, of the uncached
   (prefilled) tokens and of the sessions pinned;
-- total rollout time (wall clock, all agents), and its ratio to round-robin;
-- "model GPU s": the emulator's latency model summed over all turns (fixed +
-  prefill x uncached tokens + decode x sampled tokens), i.e. the GPU time the
-  policy costs, free of this machine's CPU limits, and its ratio to
-  round-robin. The wall-clock ratio approaches it only when the simulated
-  latencies dominate the CPU work of 4 emulators + server + agents on 2 cores
-  (check ``ours cores``).
+- total rollout time (wall clock, all agents), and its ratio to round-robin
+  of the same workload and model;
+- ``independent``: "model GPU s", the latency model summed over all turns and
+  its ratio to round-robin (GPU time free of this machine's CPU limits);
+  ``contention``: "max GPU busy s", the busiest worker's GPU time (prefill +
+  decode steps), which bounds the rollout from below.
 
 Targets (issue 3): sticky-least-loaded >= 90 % hits, max/mean <= 1.25, total
-time <= 0.6x round-robin. The emulator models latency per request without
-contention between requests (no batching limit), so the time ratio reflects
-the prefill tokens saved, weighed by the configured prefill/decode costs.
+time <= 0.6x round-robin.
 
     python benches/placement.py
-    python benches/placement.py --prefill-s-per-token 0.0005 --plot docs/img/p5.png
-
-Defaults: 0.1 s per call, 1 ms per uncached prompt token, 25 ms per sampled
-token (a loaded GPU's share per request: prefill ~1k tokens/s, decode ~40
-tokens/s), chosen so the simulated GPU time, not this machine's CPU, sets the
-wall clock.
+    python benches/placement.py --workloads v1 --models contention --agents 16 --turns 4
+    python benches/placement.py --json p5.json --plot docs/img/p5_placement.png
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ import math
 import statistics
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +86,7 @@ from _common import (
 )
 
 POLICIES = ("sticky-least-loaded", "consistent-hash", "round-robin")
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run_command",
-            "description": "Run a shell command in the sandbox and return its output",
-            "parameters": {
-                "type": "object",
-                "properties": {"command": {"type": "string"}, "timeout_s": {"type": "integer"}},
-                "required": ["command"],
-            },
-        },
-    }
-]
+MODELS = ("independent", "contention")
 _WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
 
 
@@ -92,8 +94,91 @@ def words(n: int, salt: int) -> str:
     return " ".join(_WORDS[(i * 7 + salt * 3 + i // 10) % len(_WORDS)] for i in range(n))
 
 
+def tool(name: str, description_words: int, params: dict[str, int]) -> dict[str, Any]:
+    """A function tool with a description and string parameters of the given sizes."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": words(description_words, len(name)),
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    p: {"type": "string", "description": words(n, len(p))}
+                    for p, n in params.items()
+                },
+                "required": list(params)[:1],
+            },
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Workload:
+    system_words: int
+    tools: list[dict[str, Any]]
+    task_words: int
+    # Tool-result sizes, cycled over turns (each agent starts at its own offset).
+    result_words: tuple[int, ...]
+
+
+WORKLOADS = {
+    "v1": Workload(
+        system_words=1800,
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "run_command",
+                    "description": "Run a shell command in the sandbox and return its output",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "command": {"type": "string"},
+                            "timeout_s": {"type": "integer"},
+                        },
+                        "required": ["command"],
+                    },
+                },
+            }
+        ],
+        task_words=40,
+        result_words=(200,),
+    ),
+    # OpenHands CodeAct-like: its system prompt (~5.7k characters) and tool
+    # schemas (execute_bash, str_replace_editor, think, finish, task_tracker:
+    # ~10k characters of descriptions); a SWE-bench-sized issue as the task;
+    # tool results from a short `ls` to a 100-line file view, below
+    # mini-swe-agent's 10k-character output cap.
+    "agentic": Workload(
+        system_words=1300,
+        tools=[
+            tool("execute_bash", 300, {"command": 60, "is_input": 30, "timeout": 20}),
+            tool(
+                "str_replace_editor",
+                450,
+                {
+                    "command": 20,
+                    "path": 15,
+                    "file_text": 15,
+                    "old_str": 15,
+                    "new_str": 30,
+                    "insert_line": 20,
+                    "view_range": 60,
+                },
+            ),
+            tool("think", 120, {"thought": 10}),
+            tool("finish", 80, {"message": 15}),
+            tool("task_tracker", 350, {"command": 40, "task_list": 60}),
+        ],
+        task_words=250,
+        result_words=(80, 400, 1200, 150, 600, 250, 900, 100, 500, 300),
+    ),
+}
+
+
 async def agent(
-    client: httpx.AsyncClient, server: str, index: int, args: argparse.Namespace, out: list[str]
+    client: httpx.AsyncClient, server: str, index: int, work: Workload, turns: int, out: list[str]
 ) -> None:
     created = await client.post(f"{server}/sessions", json={"metadata": {"agent": index}})
     created.raise_for_status()
@@ -101,13 +186,13 @@ async def agent(
     out.append(session_id)
     url = f"{server}/sessions/{session_id}/v1/chat/completions"
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": words(args.system_words, 0)},
-        {"role": "user", "content": f"Task {index}: " + words(40, index)},
+        {"role": "system", "content": words(work.system_words, 0)},
+        {"role": "user", "content": f"Task {index}: " + words(work.task_words, index)},
     ]
-    for turn in range(args.turns):
+    for turn in range(turns):
         body = {
             "messages": messages,
-            "tools": TOOLS,
+            "tools": work.tools,
             "tool_choice": "required",
             "max_tokens": 256,
             "seed": index * 100 + turn,
@@ -123,7 +208,9 @@ async def agent(
             {
                 "role": "tool",
                 "tool_call_id": calls[0]["id"] if calls else None,
-                "content": words(args.tool_result_words, index * 31 + turn),
+                "content": words(
+                    work.result_words[(index + turn) % len(work.result_words)], index * 31 + turn
+                ),
             },
         ]
 
@@ -133,12 +220,16 @@ def max_over_mean(values: list[float]) -> float:
     return max(values) / mean if mean else math.nan
 
 
-async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
+async def run_policy(
+    workload: str, model: str, policy: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    contention = model == "contention"
+    prefill_s = args.gpu_prefill_s_per_token if contention else args.prefill_s_per_token
     flags = [
         "--base-latency-s",
         str(args.base_latency_s),
         "--prefill-s-per-token",
-        str(args.prefill_s_per_token),
+        str(prefill_s),
         "--decode-s-per-token",
         str(args.decode_s_per_token),
         "--cache-capacity-tokens",
@@ -147,6 +238,7 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
         "0",
         "--seed",
         "0",
+        *(["--gpu-contention"] if contention else []),
     ]
     specs = [(f"worker{i}", emulator_command(*flags)) for i in range(args.workers)]
     async with children(specs) as workers:
@@ -163,7 +255,10 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
                 window = Window([*workers, server])
                 async with trio.open_nursery() as agents:
                     for index in range(args.agents):
-                        agents.start_soon(agent, client, server.url, index, args, sessions)
+                        agents.start_soon(
+                            agent, client, server.url, index, WORKLOADS[workload], args.turns,
+                            sessions,
+                        )  # fmt: skip
                 total_s = time.perf_counter() - started
                 usage = window.finish()
                 pool = (await client.get(f"{server.url}/workers")).json()
@@ -172,10 +267,12 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
                     response = await client.delete(f"{server.url}/sessions/{session_id}")
                     response.raise_for_status()
                     documents.append(orjson.loads(response.content))
-                served = {}
+                served, busy = {}, {}
                 for w in workers:
                     stats = (await client.get(f"{w.url}/emulator/stats")).json()
                     served[w.url] = stats["completed"]
+                    gpu = stats.get("gpu", {})
+                    busy[w.url] = gpu.get("prefill_busy_s", 0.0) + gpu.get("decode_busy_s", 0.0)
 
     prompt = cached = prompt_later = cached_later = history = reused = 0
     prefill: Counter[str] = Counter()
@@ -186,7 +283,7 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
             hit = turn["cached_tokens"] or 0
             gpu_s += (
                 args.base_latency_s
-                + args.prefill_s_per_token * (sent - hit)
+                + prefill_s * (sent - hit)
                 + args.decode_s_per_token * (turn["completion_end"] - turn["completion_start"])
             )
             prompt += sent
@@ -201,6 +298,8 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     pool_workers = pool.get("workers", pool) if isinstance(pool, dict) else pool
     pinned = [float(w.get("active_sessions", 0)) for w in pool_workers]
     return {
+        "workload": workload,
+        "model": model,
         "policy": policy,
         "turns": sum(len(d["turns"]) for d in documents),
         "hit %": 100 * cached / prompt,
@@ -213,7 +312,8 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
         "max/mean pinned": max_over_mean(pinned) if any(pinned) else math.nan,
         "requests per worker": "/".join(str(served[u]) for u in urls),
         "total s": total_s,
-        "model GPU s": gpu_s,
+        "model GPU s": math.nan if contention else gpu_s,
+        "max GPU busy s": max(busy.values()) if contention else math.nan,
         "ours cores": usage["machine_cores"] - usage["foreign_cores"],
         "foreign cores": usage["foreign_cores"],
     }
@@ -222,19 +322,18 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
 async def main(args: argparse.Namespace) -> None:
     print(
         f"{load_average()}; {args.workers} workers, {args.agents} agents x {args.turns} tool "
-        f"turns; base {args.base_latency_s} s, prefill {args.prefill_s_per_token} s/token, "
-        f"decode {args.decode_s_per_token} s/token"
+        f"turns; base {args.base_latency_s} s, prefill {args.prefill_s_per_token} s/token "
+        f"(contention: {args.gpu_prefill_s_per_token}), decode {args.decode_s_per_token} s/token"
     )
     rows = []
-    for policy in args.policies:
-        rows.append(await run_policy(policy, args))
-        print(table([rows[-1]], _COLUMNS), flush=True)
-    baseline = next((r for r in rows if r["policy"] == "round-robin"), None)
-    for row in rows:
-        row["x round-robin"] = row["total s"] / baseline["total s"] if baseline else math.nan
-        row["GPU s x round-robin"] = (
-            row["model GPU s"] / baseline["model GPU s"] if baseline else math.nan
-        )
+    for workload in args.workloads:
+        for model in args.models:
+            group = []
+            for policy in args.policies:
+                group.append(await run_policy(workload, model, policy, args))
+                print(table([group[-1]], _COLUMNS), flush=True)
+            ratios(group)
+            rows += group
     print()
     print(load_average())
     print(table(rows, _COLUMNS))
@@ -247,7 +346,18 @@ async def main(args: argparse.Namespace) -> None:
         plot(rows, args.plot)
 
 
+def ratios(group: list[dict[str, Any]]) -> None:
+    """Wall-clock and GPU-time ratios to round-robin, within one workload and model."""
+    base = next((r for r in group if r["policy"] == "round-robin"), None)
+    gpu = "max GPU busy s" if group[0]["model"] == "contention" else "model GPU s"
+    for row in group:
+        row["x round-robin"] = row["total s"] / base["total s"] if base else math.nan
+        row["GPU x round-robin"] = row[gpu] / base[gpu] if base else math.nan
+
+
 _COLUMNS = [
+    "workload",
+    "model",
     "policy",
     "turns",
     "hit %",
@@ -262,7 +372,8 @@ _COLUMNS = [
     "total s",
     "x round-robin",
     "model GPU s",
-    "GPU s x round-robin",
+    "max GPU busy s",
+    "GPU x round-robin",
     "ours cores",
     "foreign cores",
 ]
@@ -270,20 +381,30 @@ _COLUMNS = [
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
-    names = [r["policy"] for r in rows]
-    colors = ["tab:green", "tab:blue", "tab:gray"][: len(rows)]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    groups = list(dict.fromkeys((r["workload"], r["model"]) for r in rows))
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    colors = dict(zip(POLICIES, ("tab:green", "tab:blue", "tab:gray"), strict=True))
+    width = 0.8 / len(policies)
     panels = (
         ("hit %", "cache-hit rate %", 90, True),
         ("max/mean prefill", "max/mean prefilled tokens per worker", 1.25, False),
         ("x round-robin", "total rollout time / round-robin", 0.6, False),
     )
     for ax, (key, title, target, higher) in zip(axes, panels, strict=True):
-        ax.bar(range(len(rows)), [r[key] for r in rows], color=colors)
+        for k, policy in enumerate(policies):
+            values = [
+                next((r[key] for r in rows if (r["workload"], r["model"]) == g
+                      and r["policy"] == policy), math.nan)
+                for g in groups
+            ]  # fmt: skip
+            xs = [i + (k - (len(policies) - 1) / 2) * width for i in range(len(groups))]
+            ax.bar(xs, values, width, color=colors.get(policy), label=policy)
         ax.axhline(target, color="red", linestyle="--", linewidth=1)
-        ax.set_xticks(range(len(rows)), [n.replace("-", "-\n", 1) for n in names], fontsize=8)
+        ax.set_xticks(range(len(groups)), [f"{w}\n{m}" for w, m in groups], fontsize=8)
         ax.set_title(f"{title}\n(target {'≥' if higher else '≤'} {target})", fontsize=9)
-    fig.suptitle("P5 placement: 4 workers, 64 agents x 10 tool turns", fontsize=10)
+    axes[0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("P5 placement: 4 workers, 64 agents x 10 tool turns; workload / GPU model")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -294,17 +415,34 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
+    parser.add_argument(
+        "--workloads", type=lambda s: s.split(","), default=list(WORKLOADS),
+        help="comma-separated: v1 (the first P5 workload), agentic (OpenHands-like)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--models", type=lambda s: s.split(","), default=list(MODELS),
+        help="comma-separated emulator GPU models: independent, contention",
+    )  # fmt: skip
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--agents", type=int, default=64)
     parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument("--system-words", type=int, default=1800, help="shared system prompt")
-    parser.add_argument("--tool-result-words", type=int, default=200)
     # Simulated GPU time must dominate the CPU work of 4 emulators, the server
     # and 64 agents on 2 cores, or wall-clock time measures this machine's CPU.
     parser.add_argument("--base-latency-s", type=float, default=0.1)
-    parser.add_argument("--prefill-s-per-token", type=float, default=0.001)
+    parser.add_argument(
+        "--prefill-s-per-token", type=float, default=0.001,
+        help="independent model: a loaded GPU's share per request",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gpu-prefill-s-per-token", type=float, default=0.0001,
+        help="contention model: the whole GPU's prefill time per token",
+    )  # fmt: skip
     parser.add_argument("--decode-s-per-token", type=float, default=0.025)
     parser.add_argument("--cache-capacity-tokens", type=int, default=1 << 20)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
-    trio.run(main, parser.parse_args())
+    arguments = parser.parse_args()
+    unknown = {*arguments.workloads} - {*WORKLOADS} | {*arguments.models} - {*MODELS}
+    if unknown:
+        parser.error(f"unknown workload or model: {', '.join(sorted(unknown))}")
+    trio.run(main, arguments)

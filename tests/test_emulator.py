@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 import pytest
 import trio
+import trio.testing
 from transformers import AutoTokenizer
 
 from rollout_session.testing.emulator import Emulator, EmulatorConfig, start_emulator
@@ -564,6 +565,33 @@ async def test_latency_is_charged(serve: Serve) -> None:
     assert answer["choices"][0]["meta_info"]["e2e_latency"] >= 0.05
 
 
+async def test_gpu_contention_queues_prefill_over_http(
+    autojump_clock: trio.testing.MockClock, serve: Serve
+) -> None:
+    # Virtual time (jumps only after 10 ms of real idleness, so loopback I/O
+    # in flight never lets it skip ahead): latencies are exact, not measured.
+    autojump_clock.autojump_threshold = 0.01
+    client, emulator = await serve(gpu_contention=True, prefill_s_per_token=0.001)
+    shared = list(range(1000, 1960))
+    answers: dict[str, dict[str, Any]] = {}
+
+    async def send(name: str, tail: int) -> None:
+        body = {"input_ids": [*shared, *range(tail, tail + 40)], "max_tokens": 1}
+        answers[name] = await chat(client, body)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, "first", 5000)
+        await emulator.wait_until(lambda: emulator.gpu.prefilling)
+        nursery.start_soon(send, "queued", 6000)
+    first, queued = (answers[k]["choices"][0]["meta_info"] for k in ("first", "queued"))
+    assert (first["cached_tokens"], queued["cached_tokens"]) == (0, 960)
+    assert first["e2e_latency"] == pytest.approx(1.0, abs=0.005)
+    # Waited for the first prefill (1 s), then prefilled its own 40 tokens.
+    assert queued["e2e_latency"] == pytest.approx(1.04, abs=0.005)
+    stats = (await client.get("/emulator/stats")).json()["gpu"]
+    assert stats["prefill_busy_s"] == pytest.approx(1.04, abs=0.005)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -593,6 +621,7 @@ def test_cli_flags_build_the_config() -> None:
             "--port", "0", "--seed", "4", "--fault", "stall", "--fault-rate", "0.25",
             "--chat-template", "qwen3", "--reasoning", "--completion-tokens", "100",
             "--prefill-s-per-token", "0.001", "--routed-experts-layers", "48",
+            "--gpu-contention",
         ]
     )  # fmt: skip
     config = config_from_args(args)
@@ -601,8 +630,10 @@ def test_cli_flags_build_the_config() -> None:
     assert (config.seed, config.fault, config.fault_rate) == (4, "stall", 0.25)
     assert (config.reasoning, config.completion_tokens) == (True, 100)
     assert (config.prefill_s_per_token, config.routed_experts_layers) == (0.001, 48)
+    assert config.gpu_contention is True
     assert config.tokenizer_path == bundled_tokenizer_path()
     assert parser.parse_args([]).port == 30000
+    assert config_from_args(parser.parse_args([])).gpu_contention is False
 
 
 async def test_start_with_a_loaded_hf_tokenizer(nursery: trio.Nursery, tokenizer: Any) -> None:

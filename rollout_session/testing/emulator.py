@@ -5,8 +5,8 @@ prefix cache, fault picker, and the counters/records tests inspect and wait
 on), the handling of one ``/v1/chat/completions`` call (request checks, fault
 selection, cache lookup, latency, recording), the other SGLang routes, and
 `start_emulator`. What the model samples and the response JSON live in
-`generation`, the cache model in `prefix_cache`, errors and injected faults
-in `faults`.
+`generation`, the cache model in `prefix_cache`, the latency (GPU time)
+model in `gpu`, errors and injected faults in `faults`.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from rollout_session.testing.generation import (
     derive_seed,
     routed_experts_blob,
 )
+from rollout_session.testing.gpu import GpuModel
 from rollout_session.testing.prefix_cache import PrefixCache
 from rollout_session.testing.tokenizer import bundled_tokenizer_path
 
@@ -73,6 +74,8 @@ class EmulatorConfig:
     base_latency_s: float = 0.0
     prefill_s_per_token: float = 0.0
     decode_s_per_token: float = 0.0
+    # One GPU per worker: serialised prefill that stalls batched decode (see `gpu`).
+    gpu_contention: bool = False
     cache_capacity_tokens: int = 1 << 20
     cache_block_tokens: int = 16
     reasoning: bool = False
@@ -146,6 +149,7 @@ class Emulator:
         self.config = config
         self.model = model or TextModel(AutoTokenizer.from_pretrained(str(config.tokenizer_path)))
         self.cache = PrefixCache(config.cache_capacity_tokens, config.cache_block_tokens)
+        self.gpu = GpuModel(self.cache, on_change=self._notify)
         self.faults = FaultPicker(config.fault, config.fault_rate, config.seed)
         self.requests: deque[ChatRecord] = deque(maxlen=config.record_limit)
         self.received = 0
@@ -189,6 +193,7 @@ class Emulator:
             "sessions_opened": self.sessions_opened,
             "sessions_closed": self.sessions_closed,
             "cache_used_tokens": self.cache.used_tokens,
+            "gpu": self.gpu.stats(),
         }
 
     # -- sessions ------------------------------------------------------------
@@ -294,13 +299,7 @@ class Emulator:
         if body.get("return_routed_experts") and start_len > forwarded:
             raise BadRequest(f"routed_experts_start_len {start_len} > {forwarded} positions")
 
-        cached = self.cache.match(prompt)
-        await trio.sleep(
-            cfg.base_latency_s
-            + cfg.prefill_s_per_token * (len(prompt) - cached)
-            + cfg.decode_s_per_token * len(sample.ids)
-        )
-        self.cache.insert(prompt + sample.ids, session_id)
+        cached = await self.gpu.serve(cfg, prompt, sample.ids, session_id)
 
         routed = None
         if body.get("return_routed_experts"):

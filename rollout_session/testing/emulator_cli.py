@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="latency per uncached prompt token")  # fmt: skip
     add("--decode-s-per-token", type=float, default=d["decode_s_per_token"],
         help="latency per sampled token")  # fmt: skip
+    add("--gpu-contention", action="store_true",
+        help="one GPU per worker: prefill serialised (FIFO) and stalling the batched "
+        "decode of other requests; default: every request's latency is independent")  # fmt: skip
     add("--cache-capacity-tokens", type=int, default=d["cache_capacity_tokens"],
         help="prefix-cache capacity in tokens, 0 disables it (default: %(default)s)")  # fmt: skip
     add("--cache-block-tokens", type=int, default=d["cache_block_tokens"],
@@ -83,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         base_latency_s=args.base_latency_s,
         prefill_s_per_token=args.prefill_s_per_token,
         decode_s_per_token=args.decode_s_per_token,
+        gpu_contention=args.gpu_contention,
         cache_capacity_tokens=args.cache_capacity_tokens,
         cache_block_tokens=args.cache_block_tokens,
         reasoning=args.reasoning,
