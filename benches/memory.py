@@ -79,7 +79,29 @@ def deep_size(obj: Any, seen: set[int] | None = None) -> int:
         size += sum(deep_size(v, seen) for v in obj)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         size += sum(deep_size(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    else:
+        for cls in type(obj).__mro__:
+            for name in getattr(cls, "__slots__", ()):
+                if hasattr(obj, name) and not name.startswith("__"):
+                    size += deep_size(getattr(obj, name), seen)
     return size
+
+
+def arrays_used(tokens: Any) -> int:
+    """Bytes the token arrays need without slack: ids + sampled logprobs +
+    runs (compact storage), or ids + logprobs + mask per token (the 9-byte
+    layout of earlier versions, when benchmarking an exported old commit)."""
+    if hasattr(tokens, "num_sampled"):
+        return 4 * len(tokens) + 4 * tokens.num_sampled + 8 * len(tokens.runs())
+    return 9 * len(tokens)
+
+
+def messages_size(session: Any) -> int:
+    """Bytes of the stored conversation as the session holds it."""
+    conversation = getattr(session, "conversation", None)
+    if conversation is not None:
+        return deep_size(conversation)
+    return deep_size(session.messages)
 
 
 @dataclasses.dataclass
@@ -188,10 +210,11 @@ async def main(args: argparse.Namespace) -> None:
     gc_pause_ms = 1000 * (time.perf_counter() - started)
     tracked = len(gc.get_objects())
     stored = sum(len(s.trajectory) for s in sessions)
-    arrays_used = 9 * stored
+    used = sum(arrays_used(s.trajectory.tokens) for s in sessions)
+    sampled = sum(int(s.trajectory.tokens.mask.sum()) for s in sessions)
     arrays_alloc = sum(s.trajectory.tokens.nbytes for s in sessions)
     sample = sessions[len(sessions) // 2]
-    messages_each = deep_size(sample.messages)
+    messages_each = messages_size(sample)
     # What a compact store of the same history would take (see docs/benchmarks.md).
     messages_json = len(orjson.dumps(sample.messages))
     turns_each = deep_size(sample.trajectory.turns)
@@ -203,7 +226,8 @@ async def main(args: argparse.Namespace) -> None:
             "tokens": stored,
             "RSS growth MiB": (after - before) / 2**20,
             "RSS B/token": (after - before) / stored,
-            "arrays used B/token": arrays_used / stored,
+            "arrays used B/token": used / stored,
+            "sampled tokens %": 100 * sampled / stored,
             "arrays allocated B/token": arrays_alloc / stored,
             "messages B/token": messages_each * len(sessions) / stored,
             "messages as JSON B/token": messages_json * len(sessions) / stored,
@@ -258,6 +282,7 @@ _COLUMNS = [
     "RSS growth MiB",
     "RSS B/token",
     "arrays used B/token",
+    "sampled tokens %",
     "arrays allocated B/token",
     "messages B/token",
     "messages as JSON B/token",

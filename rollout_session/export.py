@@ -1,7 +1,8 @@
 """What the trainer gets: the export document (DESIGN §6) and the sample view.
 
-`export_document` runs on the event loop and copies the token arrays (a
-memcpy, ~9 bytes per token) so the document is a consistent snapshot even if
+`export_document` runs on the event loop and builds the token arrays afresh
+from the trajectory's chunks (a memcpy of ~4 bytes per token, plus the
+derived mask and logprobs) so the document is a consistent snapshot even if
 the session commits or rolls back a turn meanwhile; `serialize` may then run
 on a worker thread. Token arrays go to orjson as numpy arrays
 (``OPT_SERIALIZE_NUMPY``): no per-token Python objects on the way out.
@@ -84,9 +85,9 @@ def export_document(
         "created_at": session.created_at,
         "closed_at": session.closed_at,
         "model": session.model,
-        "token_ids": tokens.ids.copy(),
-        "loss_mask": tokens.mask.copy(),
-        "logprobs": tokens.logprobs.copy(),
+        "token_ids": tokens.ids,
+        "loss_mask": tokens.mask,
+        "logprobs": tokens.logprobs,
         "prompt_length": turns[0].completion_start if turns else len(tokens),
     }
     if "turns" in parts:
@@ -106,7 +107,7 @@ def export_document(
             for t in turns
         ]
     if "messages" in parts:
-        # Commits replace this list, never mutate it: a reference is a snapshot.
+        # Decoded from the compact records here, on the loop: a snapshot.
         doc["messages"] = session.messages
     if "pieces" in parts and decode_pieces is not None:
         doc["pieces"] = decode_pieces(doc["token_ids"])
@@ -130,10 +131,10 @@ def sample_view(session: Session) -> dict[str, Any]:
     last = turns[-1].finish_reason if turns else None
     return {
         "session_id": session.id,
-        "tokens": tokens.ids.copy(),
+        "tokens": tokens.ids,
         "response_length": len(tokens) - start,
-        "loss_mask": tokens.mask[start:].copy(),
-        "rollout_log_probs": tokens.logprobs[start:].copy(),
+        "loss_mask": tokens.mask[start:],
+        "rollout_log_probs": tokens.logprobs[start:],
         "status": _SAMPLE_STATUS.get(last or "", "pending" if not turns else "completed"),
         "metadata": session.metadata,
     }

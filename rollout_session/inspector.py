@@ -209,7 +209,7 @@ def register_inspector_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.get("/sessions/<session_id>/diff")
     async def session_diff(session_id: str) -> Response:
         session = registry.get(session_id)
-        # Snapshot on the loop (commits replace `messages`, never mutate it).
+        # Snapshot on the loop (`session.messages` decodes fresh dicts).
         committed = session.trajectory.tokens.ids.tolist()
         turns = [
             (t.prompt_start, t.completion_start, t.completion_end) for t in session.trajectory.turns

@@ -266,7 +266,7 @@ def turn_parts(session: Session, experts: bytes | None) -> Parts:
         "id": session.id,
         "turn": _turn_dict(turn),
         "mf": kept,
-        "msgs": session.messages[kept:],
+        "msgs": session.conversation.messages(kept),
         "model": session.model,
         "worker": session.worker,
         "w": trajectory.experts_width if experts is not None else None,
@@ -274,11 +274,11 @@ def turn_parts(session: Session, experts: bytes | None) -> Parts:
     }
     if keep == 0:
         meta["tools"] = session.tools
-    ids = tokens.ids
+    # Views of the turn's own chunk: O(turn), not O(history).
     blobs = [
-        _le(ids[turn.prompt_start : turn.completion_start], "<i4"),
-        _le(ids[turn.completion_start : turn.completion_end], "<i4"),
-        _le(tokens.logprobs[turn.completion_start : turn.completion_end], "<f4"),
+        _le(tokens.ids_between(turn.prompt_start, turn.completion_start), "<i4"),
+        _le(tokens.ids_between(turn.completion_start, turn.completion_end), "<i4"),
+        _le(tokens.sampled_logprobs(turn.completion_start, turn.completion_end), "<f4"),
     ]
     if experts is not None:
         blobs.append(bytes(experts))  # `bytes` of a bytes object is that object
@@ -398,7 +398,7 @@ def _apply_turn(session: Session, meta: dict[str, Any], blobs: list[memoryview])
     if ends != (turn.prompt_start + len(prompt), turn.prompt_start + len(prompt) + len(sampled)):
         raise ValueError("turn span does not match its token counts")
     kept = trajectory.turns[keep - 1].messages_end if keep else 0
-    if meta["mf"] != kept or kept > len(session.messages):
+    if meta["mf"] != kept or kept > len(session.conversation):
         raise ValueError(f"turn keeps {meta['mf']} messages, expected {kept}")
     experts = bytes(blobs[3]) if meta["ex"] else None
     width = meta["w"]
@@ -418,8 +418,8 @@ def _apply_turn(session: Session, meta: dict[str, Any], blobs: list[memoryview])
         experts=experts,
         experts_width=width,
     )
-    session.messages = [*session.messages[:kept], *meta["msgs"]]
-    if turn.messages_end != len(session.messages):
+    session.conversation = session.conversation.spliced(kept, meta["msgs"])
+    if turn.messages_end != len(session.conversation):
         raise ValueError("turn's messages_end does not match the messages")
     if keep == 0:
         session.tools = meta["tools"]

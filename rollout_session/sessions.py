@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from .conversation import Conversation
 from .errors import (
     InvalidRequest,
     SessionBusy,
@@ -66,7 +67,8 @@ class Session:
     trajectory: Trajectory = field(default_factory=Trajectory)
     # Stored conversation: the last request's messages + the assistant answer
     # we returned. Turn k's messages end at trajectory.turns[k].messages_end.
-    messages: list[Message] = field(default_factory=list)
+    # Compact records (see conversation.py); `messages` is the dict view.
+    conversation: Conversation = field(default_factory=Conversation)
     # Tools of the first rendered prompt; a request with other tools diverges.
     tools: list[Any] | None = None
     # Base URL of the worker this session is pinned to (None before turn 1).
@@ -75,6 +77,16 @@ class Session:
     closed_at: float | None = None
     # Invariant: not None exactly while a turn is in flight.
     slot: TurnSlot | None = None
+
+    @property
+    def messages(self) -> list[Message]:
+        """The stored conversation as fresh dicts: O(messages), so for export,
+        the journal and the inspector; turns use `conversation` directly."""
+        return self.conversation.messages()
+
+    @messages.setter
+    def messages(self, messages: list[Message]) -> None:
+        self.conversation = Conversation(messages)
 
     def claim(self, now: float) -> TurnSlot:
         """Take the turn slot, or raise why not (closing beats busy)."""

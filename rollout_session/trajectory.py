@@ -8,8 +8,14 @@ Invariants (checked by `Trajectory.check`, relied on by export):
 - ``mask`` is 1 exactly on sampled tokens (each turn's completion span), and
   ``logprobs`` is 0.0 wherever ``mask`` is 0.
 
-Storage is 9 bytes per token (int32 id, float32 logprob, uint8 mask) in
-over-allocated numpy buffers (growth factor 1.25), so ≤ 16 B/token with slack.
+Storage is what the invariants leave to store: int32 ids (4 bytes per token)
+and float32 logprobs of sampled tokens only (4 bytes per *sampled* token: they
+are 0.0 elsewhere by definition), in one exactly sized, never-written-again array per commit
+(ids, then the sampled logprobs' bits), sized exactly. ``mask`` and the full-length
+``ids``/``logprobs`` are built on demand (fresh arrays: export, snapshots,
+the next turn's ``input_ids``, which `plan_turn` copies anyway). Chunks are
+never grown or reallocated: an idle session holds no growth slack, a commit
+is O(new tokens) and leaves no freed history-sized buffer behind.
 
 Routed experts (R3, opt-in) are one int32 blob of ``width`` values per
 forwarded position. Every turn forwards all tokens but the last sampled one,
@@ -19,8 +25,10 @@ turn asks the worker only for positions past what is stored (O(N) in total).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,77 +39,167 @@ IdArray = npt.NDArray[np.int32]
 LogprobArray = npt.NDArray[np.float32]
 MaskArray = npt.NDArray[np.uint8]
 
-_GROWTH = 1.25
-_MIN_CAPACITY = 256
+
+_I4 = np.dtype(np.int32)
+_F4 = np.dtype(np.float32)
+_NO_LOGPROBS: LogprobArray = np.empty(0, _F4)  # shared by prompt-only chunks
 
 
 class TokenBuffer:
-    """Growable parallel arrays of (token id, logprob, loss mask)."""
+    """Append-only token chunks, each a prompt part (mask 0) then a sampled
+    part (mask 1, with logprobs).
 
-    __slots__ = ("_ids", "_logprobs", "_mask", "_size")
+    Chunk k is an exactly sized int32 array of ids, with its sampled
+    logprobs in ``_logprobs[k]`` (float32, ``end - middle`` of them), where
+    ``_bounds[2k]`` and ``_bounds[2k + 1]`` are its ``middle, end``
+    (positions in the sequence) and ``start`` is the previous chunk's end (0
+    for the first). Positions ``[middle, end)`` are the chunk's sampled run.
+    Ids apart from logprobs so that `prefix_ids` (every turn) concatenates
+    whole chunks without slicing them (measured at 128 chunks: 0.27 ms with
+    ``np.frombuffer`` views of one ``bytes`` per chunk, 0.16 ms with slices,
+    0.03 ms concatenating whole arrays).
+    Chunks are never written after their commit, so views of them stay valid.
+    """
+
+    __slots__ = ("_bounds", "_chunks", "_logprobs", "_num_sampled")
 
     def __init__(self) -> None:
-        self._size = 0
-        self._ids: IdArray = np.empty(0, np.int32)
-        self._logprobs: LogprobArray = np.empty(0, np.float32)
-        self._mask: MaskArray = np.empty(0, np.uint8)
+        self._chunks: list[IdArray] = []
+        self._logprobs: list[LogprobArray] = []
+        # array('i') is not tracked by the GC and holds 4 bytes per entry.
+        self._bounds = array("i")
+        self._num_sampled = 0
 
     def __len__(self) -> int:
-        return self._size
+        return self._bounds[-1] if self._bounds else 0
 
     @property
     def nbytes(self) -> int:
-        return self._ids.nbytes + self._logprobs.nbytes + self._mask.nbytes
+        return (
+            sum(c.nbytes for c in self._chunks)
+            + sum(lp.nbytes for lp in self._logprobs)
+            + len(self._bounds) * self._bounds.itemsize
+        )
 
-    def _reserve(self, size: int) -> None:
-        capacity = len(self._ids)
-        if size <= capacity:
+    @property
+    def num_sampled(self) -> int:
+        return self._num_sampled
+
+    def _spans(self) -> list[tuple[int, int, int]]:
+        """(start, middle, end) of every chunk."""
+        b = self._bounds
+        return [(b[i - 1] if i else 0, b[i], b[i + 1]) for i in range(0, len(b), 2)]
+
+    def append(
+        self,
+        prompt_ids: Sequence[int] | IdArray,
+        sampled_ids: IdArray | None = None,
+        sampled_logprobs: LogprobArray | None = None,
+    ) -> None:
+        """Append prompt tokens (mask 0) then sampled tokens (mask 1) as one chunk."""
+        sampled = np.empty(0, _I4) if sampled_ids is None else sampled_ids
+        logprobs = np.empty(0, _F4) if sampled_logprobs is None else sampled_logprobs
+        if len(sampled) != len(logprobs):
+            raise ValueError("ids and logprobs differ in length")
+        start = len(self)
+        middle = start + len(prompt_ids)
+        end = middle + len(sampled)
+        if end == start:
             return
-        new_capacity = max(size, int(capacity * _GROWTH), _MIN_CAPACITY)
-        for name, dtype in (("_ids", np.int32), ("_logprobs", np.float32), ("_mask", np.uint8)):
-            old = getattr(self, name)
-            new = np.zeros(new_capacity, dtype)
-            new[: self._size] = old[: self._size]
-            setattr(self, name, new)
+        chunk = np.empty(end - start, _I4)
+        chunk[: middle - start] = prompt_ids
+        chunk[middle - start :] = sampled
+        self._chunks.append(chunk)
+        self._logprobs.append(np.array(logprobs, _F4) if end > middle else _NO_LOGPROBS)
+        self._bounds.extend((middle, end))
+        self._num_sampled += end - middle
 
     def append_prompt(self, ids: Sequence[int] | IdArray) -> None:
         """Tokens the model read but did not sample: mask 0, logprob 0.0."""
-        n = len(ids)
-        end = self._size + n
-        self._reserve(end)
-        self._ids[self._size : end] = ids
-        self._logprobs[self._size : end] = 0.0
-        self._mask[self._size : end] = 0
-        self._size = end
+        self.append(ids)
 
     def append_sampled(self, ids: IdArray, logprobs: LogprobArray) -> None:
         """Tokens the model sampled: mask 1 with their logprobs."""
-        if len(ids) != len(logprobs):
-            raise ValueError("ids and logprobs differ in length")
-        end = self._size + len(ids)
-        self._reserve(end)
-        self._ids[self._size : end] = ids
-        self._logprobs[self._size : end] = logprobs
-        self._mask[self._size : end] = 1
-        self._size = end
+        self.append((), ids, logprobs)
 
     def truncate(self, size: int) -> None:
-        if not 0 <= size <= self._size:
-            raise ValueError(f"cannot truncate {self._size} tokens to {size}")
-        self._size = size
+        if not 0 <= size <= len(self):
+            raise ValueError(f"cannot truncate {len(self)} tokens to {size}")
+        while self._chunks and len(self) > size:
+            k = len(self._chunks) - 1
+            start, middle, end = self._spans()[k]
+            ids = self._chunks[k]
+            logprobs = self._logprobs[k]
+            del self._chunks[k]
+            del self._logprobs[k]
+            del self._bounds[2 * k :]
+            self._num_sampled -= end - middle
+            if start < size:  # cut inside this chunk: keep its head
+                cut = size - start
+                self.append(
+                    ids[: min(cut, middle - start)],
+                    ids[middle - start : cut],
+                    logprobs[: max(size - middle, 0)],
+                )
 
-    # Views share memory with the buffer: valid until the next mutation.
+    def runs(self) -> list[tuple[int, int]]:
+        """The sampled runs (start, end), in order: one per chunk that has one."""
+        return [(middle, end) for _, middle, end in self._spans() if middle < end]
+
+    def prefix_ids(self, end: int, then: Sequence[int] | IdArray = ()) -> IdArray:
+        """``ids[:end]`` followed by `then`, as one fresh array (one copy)."""
+        tail = np.asarray(then, _I4)
+        if end == len(self):  # the common case: every turn kept
+            return np.concatenate([*self._chunks, tail])
+        parts: list[Any] = []
+        for k, (start, _, stop) in enumerate(self._spans()):
+            if start >= end:
+                break
+            parts.append(self._chunks[k][: min(stop, end) - start])
+        parts.append(tail)
+        return np.concatenate(parts)
+
+    def _within_chunk(self, start: int, end: int) -> tuple[int, int, int, int] | None:
+        for k, (s, m, e) in enumerate(self._spans()):
+            if s <= start and end <= e:
+                return k, s, m, e
+        return None
+
+    def ids_between(self, start: int, end: int) -> IdArray:
+        """``ids[start:end]``; a view when it lies in one chunk (one turn)."""
+        found = self._within_chunk(start, end)
+        if found is None:
+            return self.ids[start:end]
+        k, s, _, _e = found
+        return self._chunks[k][start - s : end - s]
+
+    def sampled_logprobs(self, start: int, end: int) -> LogprobArray:
+        """Logprobs of ``[start, end)``; a view when it lies in one chunk's
+        sampled run (a turn's completion span), no O(history) work."""
+        found = self._within_chunk(start, end)
+        if found is None or start < found[2]:
+            return self.logprobs[start:end]
+        k, _s, m, _e = found
+        return self._logprobs[k][start - m : end - m]
+
+    # Whole-sequence arrays: fresh, O(length). For export, snapshots, tests.
     @property
     def ids(self) -> IdArray:
-        return self._ids[: self._size]
+        return self.prefix_ids(len(self))
 
     @property
     def logprobs(self) -> LogprobArray:
-        return self._logprobs[: self._size]
+        out = np.zeros(len(self), _F4)
+        for k, (_start, middle, end) in enumerate(self._spans()):
+            out[middle:end] = self._logprobs[k]
+        return out
 
     @property
     def mask(self) -> MaskArray:
-        return self._mask[: self._size]
+        out = np.zeros(len(self), np.uint8)
+        for middle, end in self.runs():
+            out[middle:end] = 1
+        return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -147,7 +245,11 @@ class Trajectory:
 
     def sampled_ids(self, turn_index: int) -> IdArray:
         turn = self.turns[turn_index]
-        return self.tokens.ids[turn.completion_start : turn.completion_end]
+        return self.tokens.ids_between(turn.completion_start, turn.completion_end)
+
+    def sampled_logprobs(self, turn_index: int) -> LogprobArray:
+        turn = self.turns[turn_index]
+        return self.tokens.sampled_logprobs(turn.completion_start, turn.completion_end)
 
     def commit(
         self,
@@ -169,25 +271,35 @@ class Trajectory:
             del self.experts[self.expert_positions(keep_turns) * 4 * self.experts_width :]
         del self.turns[keep_turns:]
         self.tokens.truncate(self.length_after(keep_turns))
-        self.tokens.append_prompt(prompt_ids)
-        self.tokens.append_sampled(sampled_ids, sampled_logprobs)
+        self.tokens.append(prompt_ids, sampled_ids, sampled_logprobs)
         self.turns.append(turn)
         if experts is not None:
             self.experts += experts
             self.experts_width = experts_width
 
     def check(self) -> str | None:
-        """Return a description of the first broken invariant, or None."""
+        """Return a description of the first broken invariant, or None.
+
+        O(turns), not O(tokens): it runs before every turn. The arrays agree
+        in length by construction (mask and logprobs are derived from the
+        chunks); what can break is the chunks disagreeing with the turns.
+        """
         tokens = self.tokens
-        if not len(tokens.ids) == len(tokens.logprobs) == len(tokens.mask):
-            return "token arrays differ in length"
         position = 0
+        spans = []
         for i, turn in enumerate(self.turns):
             if turn.index != i:
                 return f"turn {i} has index {turn.index}"
             if not position == turn.prompt_start <= turn.completion_start <= turn.completion_end:
                 return f"turn {i} span does not tile the sequence"
             position = turn.completion_end
+            if turn.completion_start < turn.completion_end:
+                spans.append((turn.completion_start, turn.completion_end))
         if position != len(tokens):
             return f"turns cover {position} tokens but the sequence has {len(tokens)}"
+        runs = tokens.runs()
+        if runs != spans:
+            return f"sampled runs {runs} are not the turns' completion spans {spans}"
+        if tokens.num_sampled != sum(end - start for start, end in runs):
+            return "sampled logprobs do not match the sampled runs"
         return None

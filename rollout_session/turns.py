@@ -29,7 +29,7 @@ from .errors import (
     TrajectoryDiverged,
     UpstreamMalformed,
 )
-from .messages import Message, assistant_message, common_prefix
+from .messages import Message, assistant_message
 from .protocol import ChatRequest, StreamMode, parse_chat_request
 from .sessions import Session, SessionState, TurnSlot
 from .tokenization import missing_turn_end
@@ -83,8 +83,9 @@ def plan_turn(session: Session, request: ChatRequest, ctx: ServerContext) -> Tur
     incoming = request.messages
     # The tools are part of the first rendered prompt: changing them is a
     # divergence at the very start of the history.
-    shared = common_prefix(session.messages, incoming) if request.tools == session.tools else 0
-    if turns and shared == len(session.messages):
+    stored = session.conversation
+    shared = stored.common_prefix(incoming) if request.tools == session.tools else 0
+    if turns and shared == len(stored):
         keep = len(turns)
         if len(incoming) == shared:
             raise InvalidRequest(
@@ -123,8 +124,7 @@ def plan_turn(session: Session, request: ChatRequest, ctx: ServerContext) -> Tur
     new = incoming[turns[keep - 1].messages_end :]
     turn_end, delta = tokenizer.appended(new, tools=request.tools, kwargs=kwargs)
     prompt = missing_turn_end(trajectory.sampled_ids(keep - 1), turn_end) + delta
-    kept = trajectory.tokens.ids[: trajectory.length_after(keep)]
-    input_ids = np.concatenate([kept, np.asarray(prompt, np.int32)])
+    input_ids = trajectory.tokens.prefix_ids(trajectory.length_after(keep), prompt)
     return TurnPlan(
         keep, incoming, request.tools, prompt, input_ids, trajectory.expert_positions(keep)
     )
@@ -197,11 +197,14 @@ def commit_turn(
         experts=experts[0] if experts else None,
         experts_width=experts[1] if experts else None,
     )
-    session.messages = [
-        *session.messages[:kept],
-        *plan.messages[kept:],
-        assistant_message(answer.content, answer.tool_calls, answer.reasoning_content),
-    ]
+    # Only the new messages are encoded: O(new), not O(history).
+    session.conversation = session.conversation.spliced(
+        kept,
+        [
+            *plan.messages[kept:],
+            assistant_message(answer.content, answer.tool_calls, answer.reasoning_content),
+        ],
+    )
     session.tools = plan.tools
     session.model = answer.model or session.model
     return turn

@@ -69,3 +69,50 @@ def test_storage_stays_under_16_bytes_per_token() -> None:
         buffer.append_sampled(np.arange(13, dtype=np.int32), np.zeros(13, np.float32))
     assert len(buffer) == 8000
     assert buffer.nbytes / len(buffer) <= 16
+
+
+def test_storage_is_ids_plus_sampled_logprobs_without_slack() -> None:
+    traj = Trajectory()
+    commit(traj, 0, list(range(100)), list(range(10)))
+    commit(traj, 1, list(range(50)), list(range(5)))
+    tokens = traj.tokens
+    # 4 bytes per id, 4 per sampled logprob, two int32 bounds per commit.
+    assert tokens.nbytes == 4 * 165 + 4 * 15 + 2 * 2 * 4
+    assert tokens.num_sampled == 15
+    assert tokens.runs() == [(100, 110), (160, 165)]
+
+
+def test_turn_views_need_no_whole_sequence() -> None:
+    traj = Trajectory()
+    commit(traj, 0, [1, 2], [3, 4])
+    commit(traj, 1, [5], [6, 7, 8])
+    assert traj.sampled_ids(1).tolist() == [6, 7, 8]
+    assert np.allclose(traj.sampled_logprobs(1), [-0.1, -0.2, -0.3])
+    assert traj.tokens.ids_between(4, 5).tolist() == [5]
+    assert traj.tokens.prefix_ids(4, [9]).tolist() == [1, 2, 3, 4, 9]
+    assert traj.tokens.prefix_ids(3).tolist() == [1, 2, 3]
+
+
+def test_truncate_inside_a_chunk_keeps_its_head() -> None:
+    buffer = TokenBuffer()
+    buffer.append([1, 2, 3], np.array([4, 5, 6], np.int32), np.array([-1, -2, -3], np.float32))
+    buffer.truncate(5)
+    assert buffer.ids.tolist() == [1, 2, 3, 4, 5]
+    assert buffer.mask.tolist() == [0, 0, 0, 1, 1]
+    assert buffer.logprobs.tolist() == [0, 0, 0, -1, -2]
+    assert buffer.num_sampled == 2
+    buffer.truncate(2)
+    assert buffer.ids.tolist() == [1, 2]
+    assert buffer.runs() == []
+    assert buffer.num_sampled == 0
+
+
+def test_check_reports_sampled_runs_that_are_not_the_turns() -> None:
+    traj = Trajectory()
+    commit(traj, 0, [1], [2])
+    traj.tokens.append_sampled(np.array([3], np.int32), np.zeros(1, np.float32))
+    traj.tokens.truncate(2)
+    assert traj.check() is None
+    traj.tokens.truncate(1)
+    traj.tokens.append_prompt([2])  # same length, but the sampled token is gone
+    assert traj.check() is not None
