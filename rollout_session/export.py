@@ -18,11 +18,11 @@ results and other observations inside the response have mask 0).
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal
 
 import orjson
+import pybase64
 
 from .errors import InvalidRequest
 from .sessions import Session
@@ -117,7 +117,7 @@ def export_document(
             "dtype": "int32",
             # [positions, values per position]; values = layers × top-k of the model.
             "shape": [len(trajectory.experts) // (4 * width), width],
-            "data": base64.b64encode(trajectory.experts).decode("ascii"),
+            "data": pybase64.b64encode_as_string(trajectory.experts),
         }
     return doc
 
