@@ -16,6 +16,12 @@ times, ``--chats`` turns per run, along four paths:
   (``benches/passthrough.py``): the cost of one more hypercorn + httpx hop;
 - ``server``: through the session server.
 
+With ``--compare-with DIR`` a fifth path, ``server-before``, runs a second
+session server from the package exported at DIR (``git archive <commit>
+rollout_session | tar -x -C DIR``; put first on its ``PYTHONPATH``),
+alternating with the others: before/after numbers from the same run, under
+the same machine load.
+
 Reported per concurrency: p50/p99 latency per path; "added" = server −
 direct-ids (the issue's added latency), the raw proxy's own added latency for
 comparison, and the in-server overhead paired per turn: agent-observed latency
@@ -27,6 +33,7 @@ CPU and loopback on the shared 2 cores.
 
     python benches/small_turns.py
     python benches/small_turns.py --concurrency 1,64 --profile prof/
+    python benches/small_turns.py --compare-with /tmp/rs-before
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import itertools
 import json
 import math
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +89,7 @@ class _Answer(msgspec.Struct):
 _ANSWER = msgspec.json.Decoder(_Answer)
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
 MODES = ("direct", "direct-ids", "raw-ids", "server")
+BEFORE = "server-before"
 
 
 @functools.cache
@@ -113,7 +123,7 @@ async def conversation(
     args: argparse.Namespace,
     run: Run,
 ) -> None:
-    through_server = mode == "server"
+    through_server = mode in ("server", BEFORE)
     session_id = ""
     if through_server:
         created = await client.post(f"{front}/sessions")
@@ -191,35 +201,43 @@ async def server_overheads(front: str, run: Run) -> list[float]:
 
 
 async def measure(
-    emulator: Child, raw: Child, server: Child, concurrency: int, args: argparse.Namespace
+    emulator: Child,
+    raw: Child,
+    servers: dict[str, Child],
+    concurrency: int,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
-    latencies: dict[str, list[float]] = {mode: [] for mode in MODES}
-    emulator_cpu = dict.fromkeys(MODES, 0.0)
-    overhead: list[float] = []
+    modes = [*MODES, *(m for m in servers if m not in MODES)]
+    fronts = {**servers, "raw-ids": raw}
+    latencies: dict[str, list[float]] = {mode: [] for mode in modes}
+    emulator_cpu = dict.fromkeys(modes, 0.0)
+    overhead: dict[str, list[float]] = {mode: [] for mode in servers}
+    server_cpu = dict.fromkeys(servers, 0.0)
     errors: list[str] = []
-    server_cpu = 0.0
-    window = Window([emulator, raw, server])
+    window = Window([emulator, raw, *servers.values()])
     for rep in range(args.repeats):
-        for mode in MODES:
-            front = {"server": server, "raw-ids": raw}.get(mode, emulator)
+        # The servers swap places every repetition: neither always runs last.
+        order = modes if rep % 2 == 0 else [*MODES[:3], *reversed(modes[3:])]
+        for mode in order:
+            front = fronts.get(mode, emulator)
             prof = (
                 args.profile / f"p2-c{concurrency}-r{rep}.txt"
                 if args.profile and mode == "server"
                 else None
             )
-            before, before_server = emulator.cpu_s(), server.cpu_s()
-            async with profile(server if prof else None, prof, rate=400):
+            before, before_server = emulator.cpu_s(), front.cpu_s()
+            async with profile(front if prof else None, prof, rate=400):
                 result = await run_once(front.url, mode, concurrency, args)
             emulator_cpu[mode] += emulator.cpu_s() - before
             latencies[mode] += result.latencies
             errors += result.errors
-            if mode == "server":
-                server_cpu += server.cpu_s() - before_server
-                overhead += await server_overheads(server.url, result)
+            if mode in servers:
+                server_cpu[mode] += front.cpu_s() - before_server
+                overhead[mode] += await server_overheads(front.url, result)
     usage = window.finish()
     direct, fair, proxied, through = (latencies[m] for m in MODES)
     n = {mode: max(len(v), 1) for mode, v in latencies.items()}
-    return {
+    row = {
         "concurrency": concurrency,
         "turns": len(through),
         "direct p50 ms": ms(pct(direct, 50)),
@@ -232,9 +250,9 @@ async def measure(
         "added vs direct p50 ms": ms(pct(through, 50) - pct(direct, 50)),
         "raw proxy added p50 ms": ms(pct(proxied, 50) - pct(fair, 50)),
         "raw proxy added p99 ms": ms(pct(proxied, 99) - pct(fair, 99)),
-        "in-server p50 ms": ms(pct(overhead, 50)),
-        "in-server p99 ms": ms(pct(overhead, 99)),
-        "server CPU ms/turn": ms(server_cpu / n["server"]),
+        "in-server p50 ms": ms(pct(overhead["server"], 50)),
+        "in-server p99 ms": ms(pct(overhead["server"], 99)),
+        "server CPU ms/turn": ms(server_cpu["server"] / n["server"]),
         "emulator CPU ms/turn direct": ms(emulator_cpu["direct"] / n["direct"]),
         "emulator CPU ms/turn direct-ids": ms(emulator_cpu["direct-ids"] / n["direct-ids"]),
         "emulator CPU ms/turn via server": ms(emulator_cpu["server"] / n["server"]),
@@ -242,6 +260,17 @@ async def measure(
         "errors": len(errors),
         "first error": errors[0] if errors else "",
     }
+    if BEFORE in servers:
+        earlier = latencies[BEFORE]
+        row |= {
+            "before server p50 ms": ms(pct(earlier, 50)),
+            "before added p50 ms": ms(pct(earlier, 50) - pct(fair, 50)),
+            "before added p99 ms": ms(pct(earlier, 99) - pct(fair, 99)),
+            "before in-server p50 ms": ms(pct(overhead[BEFORE], 50)),
+            "before in-server p99 ms": ms(pct(overhead[BEFORE], 99)),
+            "before server CPU ms/turn": ms(server_cpu[BEFORE] / n[BEFORE]),
+        }
+    return row
 
 
 _COLUMNS = [
@@ -269,6 +298,19 @@ _CPU_COLUMNS = [
     "foreign cores",
     "errors",
 ]
+_BEFORE_COLUMNS = [
+    "concurrency",
+    "before added p50 ms",
+    "added p50 ms",
+    "before added p99 ms",
+    "added p99 ms",
+    "before in-server p50 ms",
+    "in-server p50 ms",
+    "before in-server p99 ms",
+    "in-server p99 ms",
+    "before server CPU ms/turn",
+    "server CPU ms/turn",
+]
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -286,19 +328,25 @@ async def main(args: argparse.Namespace) -> None:
             marker="rollout-session listening on",
         ) as server,
         child("raw", bench_command("passthrough.py", "--upstream", emulator.url)) as raw,
+        _before_server(emulator, args) as before,
     ):
+        servers = {"server": server, **({BEFORE: before} if before else {})}
+        fronts = {**servers, "raw-ids": raw}
         warm = argparse.Namespace(**{**vars(args), "chats": 4 * args.turns})
-        for mode in MODES:
-            front = {"server": server, "raw-ids": raw}.get(mode, emulator)
-            await run_once(front.url, mode, 4, warm)
+        for mode in dict.fromkeys([*MODES, *servers]):
+            await run_once(fronts.get(mode, emulator).url, mode, 4, warm)
         for concurrency in args.concurrency:
-            rows.append(await measure(emulator, raw, server, concurrency, args))
+            rows.append(await measure(emulator, raw, servers, concurrency, args))
             print(table([rows[-1]], _COLUMNS), flush=True)
     print()
     print(load_average())
     print(table(rows, _COLUMNS))
     print()
     print(table(rows, _CPU_COLUMNS))
+    if args.compare_with:
+        print()
+        print(f"server-before: the package at {args.compare_with}")
+        print(table(rows, _BEFORE_COLUMNS))
     for row in rows:
         if row["errors"]:
             print(f"ERRORS at concurrency {row['concurrency']}: {row['first error']}")
@@ -310,6 +358,21 @@ async def main(args: argparse.Namespace) -> None:
     )
     if args.plot:
         plot(rows, args.plot)
+
+
+@asynccontextmanager
+async def _before_server(emulator: Child, args: argparse.Namespace) -> AsyncIterator[Child | None]:
+    if not args.compare_with:
+        yield None
+        return
+    # `env` execs the server: the child's pid (and so its CPU) is the server's.
+    command = [
+        "env",
+        f"PYTHONPATH={args.compare_with.resolve()}",
+        *server_command([emulator.url], *args.server_flag),
+    ]
+    async with child("server-before", command, marker="rollout-session listening on") as before:
+        yield before
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -367,6 +430,11 @@ if __name__ == "__main__":
         "--server-flag", action="append", default=[], help="extra flag for `serve` (repeatable)"
     )
     parser.add_argument("--profile", type=Path, help="py-spy the server into this dir")
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        help="also run a server from the package exported at this dir (path server-before)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--from-json", type=Path, help="only re-plot a saved --json result")

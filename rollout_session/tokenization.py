@@ -11,7 +11,10 @@ The same synthetic rendering gives the template's end-of-assistant-turn text
 (e.g. ``<|im_end|>\\n``). A sampled completion usually ends inside it (it ends
 with the EOS token, not the newline after it) or lacks it entirely
 (``finish_reason=length``); `missing_turn_end` returns what the template would
-have put there, appended with mask 0 before the next turn's tokens.
+have put there, appended with mask 0 before the next turn's tokens. That text
+depends only on the tools and template kwargs, so it is rendered once per
+distinct pair and kept (a bounded cache per tokenizer): a later turn renders
+the template once, not twice.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
+
+import orjson
 
 from .errors import InvalidRequest, InvariantViolated
 from .messages import Message
@@ -31,6 +36,9 @@ _CONTEXT: Final[tuple[Message, ...]] = (
     {"role": "user", "content": "."},
     {"role": "assistant", "content": _SENTINEL, "tool_calls": []},
 )
+# Distinct (tools, kwargs) pairs whose end-of-turn text is kept; a server sees
+# a handful (one tool set per agent type), the bound only stops a hostile mix.
+_TURN_END_CACHE_SIZE: Final = 256
 
 
 class ChatTokenizer:
@@ -47,6 +55,8 @@ class ChatTokenizer:
         # Ids are valid in 0 ≤ id < vocab_size, added tokens included.
         self.vocab_size: int = max(hf_tokenizer.get_vocab().values()) + 1
         self.name_or_path: str = str(getattr(hf_tokenizer, "name_or_path", ""))
+        # (tools, kwargs) as JSON -> (end-of-turn text, its ids).
+        self._turn_ends: dict[bytes, tuple[str, tuple[int, ...]]] = {}
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
@@ -99,8 +109,31 @@ class ChatTokenizer:
 
     def turn_end_text(self, *, tools: list[Any] | None, kwargs: Mapping[str, Any]) -> str:
         """What the template renders after an assistant message's content."""
-        text = self.render(_CONTEXT, tools=tools, kwargs=kwargs, add_generation_prompt=False)
-        return self._after_sentinel(text)
+        return self._turn_end(tools, kwargs)[0]
+
+    def _turn_end(
+        self, tools: list[Any] | None, kwargs: Mapping[str, Any]
+    ) -> tuple[str, tuple[int, ...]]:
+        try:
+            # Order-preserving JSON: equal keys mean inputs the template cannot
+            # tell apart (1 and 1.0, true and 1 serialise differently).
+            key: bytes | None = orjson.dumps((tools or None, kwargs))
+        except TypeError:  # not JSON (an embedding caller's kwargs): no caching
+            key = None
+        cached = self._turn_ends.get(key) if key is not None else None
+        if cached is not None:
+            return cached
+        text = self._after_sentinel(
+            self.render(_CONTEXT, tools=tools, kwargs=kwargs, add_generation_prompt=False)
+        )
+        entry = (text, tuple(self.encode(text)))
+        if key is not None:
+            # Single dict operations (atomic under the GIL): safe if plan_turn
+            # runs on a worker thread; a full cache simply starts over.
+            if len(self._turn_ends) >= _TURN_END_CACHE_SIZE:
+                self._turn_ends.clear()
+            self._turn_ends[key] = entry
+        return entry
 
     def appended(
         self,
@@ -114,7 +147,7 @@ class ChatTokenizer:
         Rendering only the new messages after the synthetic context keeps the
         cost proportional to what is appended, whatever the history length.
         """
-        turn_end = self.turn_end_text(tools=tools, kwargs=kwargs)
+        turn_end, turn_end_ids = self._turn_end(tools, kwargs)
         text = self.render(
             [*_CONTEXT, *new_messages], tools=tools, kwargs=kwargs, add_generation_prompt=True
         )
@@ -124,7 +157,7 @@ class ChatTokenizer:
                 "chat template renders an assistant turn differently when more messages "
                 "follow; it cannot be extended token-in/token-out"
             )
-        return self.encode(turn_end), self.encode(rest[len(turn_end) :])
+        return list(turn_end_ids), self.encode(rest[len(turn_end) :])
 
 
 def missing_turn_end(sampled: Sequence[int] | IdArray, turn_end: Sequence[int]) -> list[int]:

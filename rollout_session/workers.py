@@ -1,8 +1,8 @@
 """The worker pool: membership, health, sticky dispatch, failover (DESIGN §7).
 
-Each worker has its own httpx client with a modest connection pool (httpcore
-scans every pooled connection per request). Health probes use one separate
-small client, so a saturated traffic pool never makes a live worker look dead.
+Each worker has its own `WorkerClient` (keep-alive connections, at most
+``upstream_max_connections`` in flight). Health probes use one separate small
+httpx client, so a saturated traffic pool never makes a live worker look dead.
 
 Health: a probe of ``GET /health`` every ``health_interval_s``;
 ``unhealthy_after`` consecutive failures (probes, or connection/transport
@@ -35,7 +35,14 @@ from .config import Settings
 from .errors import NoHealthyWorker, UpstreamError, WorkerExists, WorkerNotFound
 from .placement import make_placement
 from .sessions import Session
-from .upstream import ModelInfo, NotSent, UpstreamReply, fetch_model_info, post_chat
+from .upstream import (
+    ModelInfo,
+    NotSent,
+    UpstreamReply,
+    WorkerClient,
+    fetch_model_info,
+    post_chat,
+)
 
 __all__ = ["Worker", "WorkerPool"]
 
@@ -45,7 +52,7 @@ logger = logging.getLogger("rollout_session")
 @dataclass(eq=False)
 class Worker:
     url: str
-    client: httpx.AsyncClient
+    client: WorkerClient
     healthy: bool = True
     # Draining: no new pins; removed once `inflight` reaches 0.
     draining: bool = False
@@ -87,13 +94,12 @@ class WorkerPool:
         url = url.rstrip("/")
         if url in self.workers:
             raise WorkerExists(f"worker {url} is already in the pool")
-        limit = self._settings.upstream_max_connections
-        client = httpx.AsyncClient(
-            base_url=url,
-            timeout=httpx.Timeout(
-                self._settings.upstream_timeout_s, connect=self._settings.connect_timeout_s
-            ),
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+        settings = self._settings
+        client = WorkerClient(
+            url,
+            max_connections=settings.upstream_max_connections,
+            timeout_s=settings.upstream_timeout_s,
+            connect_timeout_s=settings.connect_timeout_s,
         )
         worker = self.workers[url] = Worker(url=url, client=client)
         return worker

@@ -73,3 +73,32 @@ def test_vocab_size_covers_added_tokens(chat_tokenizers: dict[str, ChatTokenizer
     tok = chat_tokenizers["chatml"]
     im_end = tok.encode("<|im_end|>")
     assert len(im_end) == 1 and im_end[0] < tok.vocab_size
+
+
+# The end of an assistant turn depends on a template kwarg and on the tools.
+_END_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% if m.role == 'assistant' %}{{ end | default('</s>') }}"
+    "{% if tools %}[{{ tools | length }}]{% endif %}{% endif %}{{ '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_turn_end_is_kept_per_tools_and_kwargs(hf_tokenizer: Any) -> None:
+    """The cached end-of-turn text is the one each (tools, kwargs) renders,
+    whatever was asked before; values that are not JSON are simply not kept."""
+    tok = ChatTokenizer(hf_tokenizer, _END_TEMPLATE)
+    new = [{"role": "user", "content": "next"}]
+    cases: list[tuple[list[Any] | None, dict[str, Any], str]] = [
+        (None, {}, "</s>\n"),
+        (None, {"end": "<A>"}, "<A>\n"),
+        (TOOLS, {"end": "<A>"}, f"<A>[{len(TOOLS)}]\n"),
+        (None, {"end": "<B>"}, "<B>\n"),
+        ([], {}, "</s>\n"),  # no tools, as the template sees it
+        (None, {"end": "<A>", "unused": {1, 2}}, "<A>\n"),  # a set: not JSON
+    ]
+    for _ in range(2):
+        for tools, kwargs, expected in cases:
+            assert tok.turn_end_text(tools=tools, kwargs=kwargs) == expected
+            turn_end, _ = tok.appended(new, tools=tools, kwargs=kwargs)
+            assert turn_end == tok.encode(expected)
