@@ -214,8 +214,9 @@ def forwardable_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, s
 
 
 async def post_chat(
-    client: WorkerClient, url: str, session_id: str, payload: bytes, timeout_s: float
+    client: WorkerClient, session_id: str, payload: bytes, timeout_s: float
 ) -> UpstreamReply:
+    url = client.base_url
     # Keeps an sgl-model-gateway upstream sticky too; SGLang ignores it.
     headers = [*_CHAT_HEADERS, (b"x-smg-routing-key", session_id.encode())]
     started = time.perf_counter()

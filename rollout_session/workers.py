@@ -176,7 +176,7 @@ class WorkerPool:
         worker.inflight += 1
         try:
             reply = await post_chat(
-                worker.client, worker.url, session_id, payload, self._settings.upstream_timeout_s
+                worker.client, session_id, payload, self._settings.upstream_timeout_s
             )
         except (NotSent, UpstreamError):
             # UpstreamTimeout is not caught here: slowness is not death.

@@ -114,7 +114,7 @@ def client_for(origin: Origin, max_connections: int = 4) -> WorkerClient:
 async def test_sequential_requests_share_one_connection(origin: Origin) -> None:
     client = client_for(origin)
     for i in range(5):
-        reply = await post_chat(client, origin.url, f"s{i}", b"{}", 10.0)
+        reply = await post_chat(client, f"s{i}", b"{}", 10.0)
         assert (reply.status, reply.body) == (200, ANSWER)
         assert reply.headers == [("content-type", "application/json")]
     assert origin.connections == 1
@@ -150,7 +150,7 @@ async def test_cancelled_exchange_closes_its_connection(origin: Origin) -> None:
     # The worker sees the disconnect (SGLang aborts the request on it) ...
     await origin.wait_for(lambda: origin.open_now == 0)
     # ... and the next exchange gets a fresh connection.
-    reply = await post_chat(client, origin.url, "s", b"{}", 10.0)
+    reply = await post_chat(client, "s", b"{}", 10.0)
     assert reply.status == 200
     assert origin.connections == 2
     await client.aclose()
@@ -163,7 +163,7 @@ async def test_connection_closed_by_the_worker_is_not_reused(origin: Origin) -> 
     await origin.wait_for(lambda: origin.open_now == 0)
     # Had the idle connection been reused, this would fail with "server
     # disconnected" (a 502 for the agent); instead a new one is opened.
-    reply = await post_chat(client, origin.url, "s", b"{}", 10.0)
+    reply = await post_chat(client, "s", b"{}", 10.0)
     assert reply.status == 200
     assert origin.connections == 2
     await client.aclose()
@@ -179,7 +179,7 @@ async def test_refused_connection_is_not_sent_and_a_closed_client_sends_nothing(
     dead = f"http://127.0.0.1:{port}"  # bound, never listening: refused
     client = WorkerClient(dead, max_connections=2, timeout_s=10.0, connect_timeout_s=5.0)
     with pytest.raises(NotSent):
-        await post_chat(client, dead, "s", b"{}", 10.0)
+        await post_chat(client, "s", b"{}", 10.0)
     with pytest.raises(UpstreamError, match="cannot read model info"):
         await fetch_model_info(client)
     closed = client_for(origin)
