@@ -14,6 +14,7 @@ Scripts import this as ``_common`` (Python puts the script's directory first on
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 
 BENCHES = Path(__file__).resolve().parent
@@ -391,6 +393,46 @@ def write_json(path: Path | None, data: Any) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=float))
+
+
+# One token each (with or without a leading space) in the bundled tokenizer:
+# filler text whose token count is its word count.
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Message
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _AgentAnswer(msgspec.Struct):
+    choices: list[_Choice]
+    usage: _Usage = msgspec.field(default_factory=_Usage)
+
+
+# What a load generator reads of a chat answer (the rest is skipped unparsed).
+AGENT_ANSWER = msgspec.json.Decoder(_AgentAnswer)
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The command line of a benchmark script, its docstring as the help."""
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def pyplot() -> Any:

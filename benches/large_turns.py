@@ -44,13 +44,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import orjson
 import trio
 from _common import (
+    AGENT_ANSWER,
+    WORDS,
     Child,
     Window,
     bench_command,
+    bench_parser,
     child,
     emulator_command,
     health_probe,
@@ -59,6 +61,7 @@ from _common import (
     pct,
     profile,
     pyplot,
+    save_figure,
     server_command,
     table,
     tokenizer_path,
@@ -68,31 +71,8 @@ from _common import (
 TARGETS = ("server", "raw", "raw-quart", "direct")
 
 
-class _Message(msgspec.Struct):
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    message: _Message
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _Answer(msgspec.Struct):
-    choices: list[_Choice]
-    usage: _Usage = msgspec.field(default_factory=_Usage)
-
-
-_ANSWER = msgspec.json.Decoder(_Answer)
-# One token each (with or without a leading space) in the bundled tokenizer.
-_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
-
-
 def padding(words: int, salt: int) -> str:
-    return " ".join(_WORDS[(i * 7 + salt) % len(_WORDS)] for i in range(words))
+    return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(words))
 
 
 @dataclass
@@ -195,7 +175,7 @@ async def agent(
             if response.status_code != 200:
                 load.errors.append(f"{response.status_code}: {response.content[:200]!r}")
                 break
-            answer = _ANSWER.decode(response.content)
+            answer = AGENT_ANSWER.decode(response.content)
             forwarded = answer.usage.prompt_tokens + answer.usage.completion_tokens
             messages = [
                 *messages,
@@ -452,15 +432,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax2.axhline(50, color="red", linestyle="--", linewidth=1)
     ax2.set_yscale("log")
     fig.suptitle("P1 large turns: K=64 sessions, ~0.7-1.3 MiB answers")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--sessions", type=int, default=64, help="K concurrent agents")
     parser.add_argument("--rounds", type=int, default=2, help="fresh sessions per agent")
     parser.add_argument("--turns", type=int, default=2, help="turns per session")

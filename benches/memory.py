@@ -38,7 +38,15 @@ from typing import Any
 import httpx
 import orjson
 import trio
-from _common import child, emulator_command, load_average, table, tokenizer_path, write_json
+from _common import (
+    bench_parser,
+    child,
+    emulator_command,
+    load_average,
+    table,
+    tokenizer_path,
+    write_json,
+)
 from tito_cost import TOOLS, tool_result, upstream_payload
 
 from rollout_session import Settings, create_app
@@ -295,9 +303,7 @@ _COLUMNS = [
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per session (at least)")
     parser.add_argument("--tool-result-words", type=int, default=240)

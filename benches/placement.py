@@ -74,12 +74,15 @@ import httpx
 import orjson
 import trio
 from _common import (
+    WORDS,
     Window,
+    bench_parser,
     child,
     children,
     emulator_command,
     load_average,
     pyplot,
+    save_figure,
     server_command,
     table,
     write_json,
@@ -87,11 +90,10 @@ from _common import (
 
 POLICIES = ("sticky-least-loaded", "consistent-hash", "round-robin")
 MODELS = ("independent", "contention")
-_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
 
 
 def words(n: int, salt: int) -> str:
-    return " ".join(_WORDS[(i * 7 + salt * 3 + i // 10) % len(_WORDS)] for i in range(n))
+    return " ".join(WORDS[(i * 7 + salt * 3 + i // 10) % len(WORDS)] for i in range(n))
 
 
 def tool(name: str, description_words: int, params: dict[str, int]) -> dict[str, Any]:
@@ -405,15 +407,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_title(f"{title}\n(target {'≥' if higher else '≤'} {target})", fontsize=9)
     axes[0].legend(fontsize=7, loc="lower left")
     fig.suptitle("P5 placement: 4 workers, 64 agents x 10 tool turns; workload / GPU model")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
     parser.add_argument(
         "--workloads", type=lambda s: s.split(","), default=list(WORKLOADS),

@@ -51,13 +51,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import orjson
 import trio
 from _common import (
+    AGENT_ANSWER,
+    WORDS,
     Child,
     Window,
     bench_command,
+    bench_parser,
     child,
     emulator_command,
     load_average,
@@ -65,6 +67,7 @@ from _common import (
     pct,
     profile,
     pyplot,
+    save_figure,
     server_command,
     table,
     tokenizer_path,
@@ -73,20 +76,6 @@ from _common import (
 
 from rollout_session.tokenization import ChatTokenizer, load_tokenizer
 
-
-class _Message(msgspec.Struct):
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    message: _Message
-
-
-class _Answer(msgspec.Struct):
-    choices: list[_Choice]
-
-
-_ANSWER = msgspec.json.Decoder(_Answer)
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
 MODES = ("direct", "direct-ids", "raw-ids", "server")
 BEFORE = "server-before"
@@ -97,13 +86,10 @@ def _tokenizer() -> ChatTokenizer:
     return load_tokenizer(tokenizer_path())
 
 
-_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
-
-
 def first_prompt(tokens: int, salt: int) -> str:
     # One token per word with the bundled tokenizer; the template adds ~5.
     words = max(1, tokens - 8)
-    return " ".join(_WORDS[(i * 3 + salt) % len(_WORDS)] for i in range(words))
+    return " ".join(WORDS[(i * 3 + salt) % len(WORDS)] for i in range(words))
 
 
 @dataclass
@@ -159,7 +145,7 @@ async def conversation(
         run.latencies.append(latency)
         if through_server:
             run.turns.append((session_id, turn, latency))
-        content = _ANSWER.decode(response.content).choices[0].message.content
+        content = AGENT_ANSWER.decode(response.content).choices[0].message.content
         messages = [
             *messages,
             {"role": "assistant", "content": content},
@@ -409,15 +395,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle("P2 small turns: 1k-token prompt, 256-token answers (2 shared cores)", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument(
         "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64]
     )

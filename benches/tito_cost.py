@@ -37,11 +37,14 @@ import numpy as np
 import orjson
 import trio
 from _common import (
+    WORDS,
+    bench_parser,
     child,
     emulator_command,
     load_average,
     ms,
     pyplot,
+    save_figure,
     table,
     tokenizer_path,
     write_json,
@@ -74,13 +77,12 @@ TOOLS = [
         },
     }
 ]
-_WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
 
 
 def tool_result(turn: int, words: int) -> str:
     lines = []
     for line in range(max(1, words // 8)):
-        picks = (_WORDS[(turn * 13 + line * 5 + i) % len(_WORDS)] for i in range(7))
+        picks = (WORDS[(turn * 13 + line * 5 + i) % len(WORDS)] for i in range(7))
         lines.append(f"{line}: " + " ".join(picks))
     return "\n".join(lines)
 
@@ -286,15 +288,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_title(f"P3: prompt building vs history (tool conversation, {top:,} tokens at the end)")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--turns", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=9, help="timed calls per step (median)")
     parser.add_argument("--tool-result-words", type=int, default=240)

@@ -34,7 +34,15 @@ import msgspec
 import numpy as np
 import orjson
 import trio
-from _common import child, emulator_command, load_average, table, tokenizer_path, write_json
+from _common import (
+    bench_parser,
+    child,
+    emulator_command,
+    load_average,
+    table,
+    tokenizer_path,
+    write_json,
+)
 from tito_cost import upstream_payload
 
 from rollout_session import Settings, create_app
@@ -216,9 +224,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = bench_parser(__doc__)
     parser.add_argument("--completion-tokens", type=int, default=30000)
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--json", type=Path)
