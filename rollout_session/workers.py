@@ -142,6 +142,8 @@ class WorkerPool:
             previous = self.workers.get(session.worker) if session.worker else None
             if previous is not None:
                 previous.active_sessions -= 1
+                # Its KV there is dead weight now: the next turn prefills here.
+                self._close_remote(previous, session.id)
             chosen.active_sessions += 1
             session.worker = chosen.url
         return chosen
@@ -160,11 +162,17 @@ class WorkerPool:
         if worker is None:
             return
         worker.active_sessions -= 1
+        self._close_remote(worker, session.id)
+
+    def _close_remote(self, worker: Worker, session_id: str) -> None:
+        """With --sglang-session-cache, free the session's KV on `worker` now
+        rather than when SGLang evicts it."""
         if self._settings.sglang_session_cache and self._nursery is not None:
-            self._nursery.start_soon(self._close_remote_session, worker, session.id)
+            self._nursery.start_soon(self._close_remote_session, worker, session_id)
 
     async def _close_remote_session(self, worker: Worker, session_id: str) -> None:
-        # Best effort, in the background: a dead worker must not delay a DELETE.
+        # Best effort, in the background: a dead worker must not delay a DELETE
+        # or a turn.
         try:
             await self._probe_client.post(
                 f"{worker.url}/close_session", json={"session_id": session_id}

@@ -12,6 +12,7 @@ from rollout_session.testing import EmulatorConfig
 from .conftest import Stack, StackFactory, spawn_worker
 from .test_turns import check_document, echo
 
+USER_NEXT = {"role": "user", "content": "next"}
 FAST_HEALTH = {
     "health_interval_s": 0.05,
     "health_timeout_s": 0.5,
@@ -200,3 +201,25 @@ async def test_sglang_session_cache_hints_and_close(make_stack: StackFactory) ->
     with trio.fail_after(10):
         await stack.emulator.wait_until(lambda: session_id in stack.emulator.sessions_closed)
     assert stack.emulator.cache.used_tokens == 0
+
+
+async def test_sglang_session_cache_closes_a_moved_session_on_its_old_worker(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make_stack(num_workers=2, sglang_session_cache=True)
+    session_id = await stack.create()
+    await converse(stack, session_id, 1)
+    pool = stack.ctx.pool
+    old = next(w for w in stack.workers if w.url == stack.ctx.registry.get(session_id).worker)
+    new = next(w for w in stack.workers if w is not old)
+    # The health checker gave up on the old worker (its /health timed out,
+    # say) but it still runs and still holds the session's KV.
+    pool.workers[old.url].healthy = False
+    doc = await stack.trajectory(session_id)
+    response = await stack.chat(session_id, messages=[*doc["messages"], USER_NEXT])
+    assert response.status_code == 200, response.text
+    assert (await stack.trajectory(session_id))["turns"][1]["worker"] == new.url
+    with trio.fail_after(10):
+        await old.emulator.wait_until(lambda: session_id in old.emulator.sessions_closed)
+    assert new.emulator.sessions_closed == []
+    assert [pool.workers[w.url].active_sessions for w in (old, new)] == [0, 1]
