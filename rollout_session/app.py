@@ -9,7 +9,6 @@ never a stack trace.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from pathlib import Path
 
@@ -19,17 +18,16 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .admin import register_admin_routes
+from .asgi import ChatRoute, as_error, check_api_key
 from .config import Settings
 from .context import ServerContext
 from .errors import (
-    InternalError,
     InvalidRequest,
     MethodNotAllowed,
     NoHealthyWorker,
     RequestTooLarge,
     RolloutSessionError,
     RouteNotFound,
-    Unauthorized,
     UpstreamError,
 )
 from .inspector import register_inspector_routes
@@ -123,21 +121,16 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         if ctx.journal is not None:
             await ctx.journal.aclose()
 
+    expected_auth = None if settings.api_key is None else f"Bearer {settings.api_key}".encode()
+
     @app.before_request
     async def authenticate() -> None:
-        key = settings.api_key
-        if key is None or request.path == "/health":
-            return
-        given = request.headers.get("Authorization", "")
-        # Constant-time: the comparison must not leak how much of a guess matched.
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise Unauthorized("missing or wrong API key (Authorization: Bearer <key>)")
+        if request.path != "/health":
+            check_api_key(expected_auth, request.headers.get("Authorization", "").encode())
 
     @app.errorhandler(RolloutSessionError)
     async def on_error(error: RolloutSessionError) -> Response:
-        if error.status_code == 500:
-            logger.error("%s: %s", error.code, error.message)
-        return error_response(error)
+        return error_response(as_error(error))
 
     @app.errorhandler(HTTPException)
     async def on_http_error(error: HTTPException) -> Response:
@@ -145,12 +138,13 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
 
     @app.errorhandler(Exception)
     async def on_unexpected(error: Exception) -> Response:
-        logger.exception("unexpected error handling a request")
-        return error_response(InternalError(f"internal error: {type(error).__name__}"))
+        return error_response(as_error(error))
 
     register_routes(app, ctx)
     register_admin_routes(app, ctx)
     register_inspector_routes(app, ctx)
+    # The chat route is served below Quart (asgi.py): it is every agent turn.
+    app.asgi_app = ChatRoute(app.asgi_app, ctx)  # type: ignore[method-assign]
     return app
 
 

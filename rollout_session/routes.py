@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.datastructures import Headers
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from .context import ServerContext
@@ -21,8 +20,6 @@ from .errors import InvalidRequest, RequestTooLarge, SessionClosing
 from .export import ExportStatus, export_document, parse_include, sample_view, serialize
 from .protocol import parse_json_object
 from .sessions import SessionState
-from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS, sse_body
-from .turns import run_turn
 
 __all__ = ["register_routes"]
 
@@ -157,24 +154,6 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
             await ctx.journal.wait_durable()
         doc = export_document(session, "closed", include)
         return await document_response(ctx, doc, len(session.trajectory))
-
-    @app.post("/sessions/<session_id>/v1/chat/completions")
-    async def chat_completions(session_id: str) -> Response:
-        body = await read_body()
-        # The turn is committed and its slot released when run_turn returns:
-        # an agent that goes away while the SSE is sent loses nothing.
-        outcome = await run_turn(ctx, session_id, body)
-        reply = outcome.reply
-        # Errors (ours, raised above, or the worker's non-200) stay JSON with
-        # their status, streaming or not, so SDKs raise the typed exception.
-        if reply.status == 200 and outcome.stream is not None:
-            events = await ctx.offload(len(reply.body), sse_body, reply.body, outcome.stream)
-            return Response(events, headers=SSE_HEADERS, content_type=SSE_CONTENT_TYPE)
-        headers = Headers([(k, v) for k, v in reply.headers if k.lower() != "content-type"])
-        content_type = next(
-            (v for k, v in reply.headers if k.lower() == "content-type"), "application/json"
-        )
-        return Response(reply.body, status=reply.status, headers=headers, content_type=content_type)
 
     @app.get("/sessions/<session_id>/v1/models")
     async def list_models(session_id: str) -> Response:

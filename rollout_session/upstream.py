@@ -184,7 +184,7 @@ class WorkerClient:
 @dataclass(slots=True, frozen=True)
 class UpstreamReply:
     status: int
-    headers: list[tuple[str, str]]
+    headers: list[tuple[bytes, bytes]]
     body: bytes
     worker: str
     latency_s: float
@@ -201,16 +201,10 @@ class NotSent(Exception):
     """The request never reached the worker (connect refused / timed out)."""
 
 
-def _text(value: bytes) -> str:
-    # As httpx decoded them: UTF-8 (ASCII in practice), else Latin-1.
-    try:
-        return value.decode()
-    except UnicodeDecodeError:
-        return value.decode("latin-1")
-
-
-def forwardable_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
-    return [(_text(k), _text(v)) for k, v in headers if k.lower() not in _DROPPED_HEADERS]
+def forwardable_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The worker's headers an agent gets, names lowercased (as ASGI sends them)."""
+    kept = ((k.lower(), v) for k, v in headers)
+    return [(k, v) for k, v in kept if k not in _DROPPED_HEADERS]
 
 
 async def post_chat(

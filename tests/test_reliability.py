@@ -143,7 +143,8 @@ async def test_pause_waits_for_inflight_then_holds_new_turns(make_stack: StackFa
         paused = await stack.client.post("/admin/pause")
         # Pausing returned only once the in-flight turn was done.
         assert paused.json() == {"paused": True, "inflight": 0}
-        assert results["inflight"].status_code == 200
+        assert len(stack.ctx.registry.get(first).trajectory.turns) == 1
+    assert results["inflight"].status_code == 200
     held = await stack.chat(second, messages=USER)
     assert held.status_code == 503 and held.json()["error"]["code"] == "server_paused"
     assert int(held.headers["retry-after"]) >= 1

@@ -116,7 +116,7 @@ async def test_sequential_requests_share_one_connection(origin: Origin) -> None:
     for i in range(5):
         reply = await post_chat(client, f"s{i}", b"{}", 10.0)
         assert (reply.status, reply.body) == (200, ANSWER)
-        assert reply.headers == [("content-type", "application/json")]
+        assert reply.headers == [(b"content-type", b"application/json")]
     assert origin.connections == 1
     assert {number for number, _, _ in origin.requests} == {1}
     _, target, headers = origin.requests[0]
