@@ -2,9 +2,9 @@
 
 Owns the journal directory: replay at start (`Journal.open`), the events of
 journaled sessions (`create`, `turn`, `expire`, `close`), making them durable
-off the event loop (`run`, `wait_durable`), compaction, and `aclose`. Format
-and segment rules: `journal_format`. ``LOCK`` (flock) keeps a second process
-out.
+off the event loop (`run`, `wait_durable`), compaction, and `aclose`. What
+the records hold: `journal_records`; files and framing: `journal_format`.
+``LOCK`` (flock) keeps a second process out.
 
 Contract with the caller: every in-memory change of a journaled session is
 reported right after it happens, with no ``await`` in between. The event calls
@@ -30,7 +30,8 @@ from pathlib import Path
 import trio
 
 from . import journal_format as fmt
-from .journal_format import JournalError, Parts, Replay, framed_size, write_records
+from . import journal_records as records
+from .journal_format import JournalError, Parts, framed_size, write_records
 from .sessions import Session
 
 __all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalStats"]
@@ -153,11 +154,11 @@ class Journal:
                 logger.warning("journal: removing unfinished compaction %s", tmp)
                 tmp.unlink()
             self = cls(directory, options, lock_fd)
-            replay = Replay(now)
+            replay = records.Replay(now)
             segments = fmt.segments(directory)
             if segments:
                 self._segment, path = segments[-1]
-                self._total_bytes = fmt.replay_segment(path, self._segment, replay)
+                self._total_bytes = fmt.replay_segment(path, self._segment, replay.apply)
             sessions = replay.finish()
             self._sessions = {s.id: s for s in sessions}
             for sid, size in replay.live_bytes.items():
@@ -181,14 +182,14 @@ class Journal:
     def create(self, session: Session) -> None:
         if session.id in self._sessions:
             raise JournalError(f"session {session.id} is journaled already")
-        self._enqueue(session.id, fmt.encode(fmt.create_meta(session)))
+        self._enqueue(session.id, fmt.encode(records.create_meta(session)))
         self._sessions[session.id] = session
 
     def turn(self, session: Session, experts: tuple[bytes, int] | None = None) -> None:
         """Record the turn `commit_turn` just applied, as a delta: O(new tokens).
         `experts` is what was passed to it (None when no routed experts)."""
         self._known(session)
-        self._enqueue(session.id, fmt.turn_parts(session, experts[0] if experts else None))
+        self._enqueue(session.id, records.turn_parts(session, experts[0] if experts else None))
 
     def expire(self, session: Session) -> None:
         """The server closed the session; replay restores it as expired."""
@@ -409,7 +410,7 @@ class Journal:
         for sid in list(self._sessions):
             session = self._sessions.get(sid)
             if session is not None:  # else closed meanwhile: dropped
-                chunk.append(fmt.snapshot_parts(session))
+                chunk.append(records.snapshot_parts(session))
                 live[sid] = framed_size(chunk[-1])
                 total += live[sid]
                 unwritten += live[sid]
