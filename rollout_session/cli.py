@@ -172,7 +172,8 @@ async def serve(settings: Settings) -> None:
 
 
 async def _start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
-    from .testing.emulator import EmulatorConfig, start_emulator
+    from .testing.emulator import EmulatorConfig
+    from .testing.emulator_app import start_emulator
     from .testing.tokenizer import bundled_tokenizer_path
 
     urls = list(settings.workers)

@@ -1,10 +1,12 @@
 """Durable journal of session events (opt-in ``--journal DIR``).
 
-Owns the journal directory: replay at start (`Journal.open`), the events of
-journaled sessions (`create`, `turn`, `expire`, `close`), making them durable
-off the event loop (`run`, `wait_durable`), compaction, and `aclose`. Format
-and segment rules: `journal_format`. ``LOCK`` (flock) keeps a second process
-out.
+Owns the journal of a running server: the events of journaled sessions
+(`create`, `turn`, `expire`, `close`), making them durable off the event loop
+(`run`, `wait_durable`), deciding when to compact and switching to the
+compacted segment, and `aclose`. Opening a directory (lock, leftovers,
+replay) is `journal_recovery`; writing a compacted segment,
+`journal_compaction`; the records, `journal_records`; the files and their
+framing, `journal_format`.
 
 Contract with the caller: every in-memory change of a journaled session is
 reported right after it happens, with no ``await`` in between. The event calls
@@ -18,7 +20,6 @@ queued records that snapshot already covers.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import math
 import os
@@ -30,7 +31,10 @@ from pathlib import Path
 import trio
 
 from . import journal_format as fmt
-from .journal_format import JournalError, Parts, Replay, framed_size, write_records
+from . import journal_records as records
+from .journal_compaction import write_compacted
+from .journal_format import JournalError, Parts, framed_size, write_records
+from .journal_recovery import Recovered, recover
 from .sessions import Session
 
 __all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalStats"]
@@ -38,7 +42,6 @@ __all__ = ["FSYNC_POLICIES", "Journal", "JournalError", "JournalStats"]
 logger = logging.getLogger("rollout_session.journal")
 
 FSYNC_POLICIES = frozenset({"always", "interval", "never"})
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,17 +77,17 @@ class _Pending:
 class Journal:
     """The journal of one server. Build it with `Journal.open`."""
 
-    def __init__(self, directory: Path, options: _Options, lock_fd: int) -> None:
+    def __init__(self, directory: Path, options: _Options, found: Recovered) -> None:
         self.directory = directory
         self._options = options
-        self._lock_fd = lock_fd
-        self._fd = -1  # append fd of the current segment
-        self._segment = 0
+        self._lock_fd = found.lock_fd
+        self._fd = found.fd  # append fd of the current segment (-1: none yet)
+        self._segment = found.segment
         # Journaled sessions still in the registry: what compaction snapshots.
-        self._sessions: dict[str, Session] = {}
-        self._live_bytes: dict[str, int] = {}
-        self._dead_bytes = 0
-        self._total_bytes = 0
+        self._sessions = {s.id: s for s in found.sessions}
+        self._live_bytes = found.live_bytes
+        self._dead_bytes = found.dead_bytes
+        self._total_bytes = found.total_bytes
         self._pending: deque[_Pending] = deque()
         self._inflight: list[_Pending] = []
         self._seq = 0  # last enqueued
@@ -103,7 +106,7 @@ class Journal:
         self._failure: BaseException | None = None
         self._records_written = self._fsyncs = self._compactions = 0
 
-    # --- opening and replay ---
+    # --- opening ---
 
     @classmethod
     async def open(
@@ -129,66 +132,29 @@ class Journal:
             fsync, fsync_interval_s, compact_dead_ratio, compact_min_dead_bytes, max_batch_bytes
         )
         at = time.time() if now is None else now
-        self, sessions = await trio.to_thread.run_sync(cls._replay, Path(directory), options, at)
+        found = await trio.to_thread.run_sync(recover, Path(directory), at, compact_dead_ratio)
         try:
+            self = cls(Path(directory), options, found)
             if self._fd < 0:  # no segment to append to, or worth compacting
                 await self._compact()
         except BaseException:
-            os.close(self._lock_fd)
+            os.close(found.lock_fd)
             raise
-        return self, sessions
-
-    @classmethod
-    def _replay(
-        cls, directory: Path, options: _Options, now: float
-    ) -> tuple[Journal, list[Session]]:
-        directory.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise JournalError(f"journal {directory} is in use by another process") from None
-            for tmp in directory.glob("journal-*.log.tmp"):
-                logger.warning("journal: removing unfinished compaction %s", tmp)
-                tmp.unlink()
-            self = cls(directory, options, lock_fd)
-            replay = Replay(now)
-            segments = fmt.segments(directory)
-            if segments:
-                self._segment, path = segments[-1]
-                self._total_bytes = fmt.replay_segment(path, self._segment, replay)
-            sessions = replay.finish()
-            self._sessions = {s.id: s for s in sessions}
-            for sid, size in replay.live_bytes.items():
-                if sid in self._sessions:
-                    self._live_bytes[sid] = size
-                else:  # dropped as unreadable: as good as collected
-                    self._dead_bytes += size
-            self._dead_bytes += replay.dead_bytes
-            if segments and self._dead_bytes <= options.compact_dead_ratio * self._total_bytes:
-                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-                for _, older in segments[:-1]:  # a compaction's crash leftovers
-                    logger.info("journal: removing superseded segment %s", older)
-                    older.unlink()
-            return self, sessions
-        except BaseException:
-            os.close(lock_fd)
-            raise
+        return self, found.sessions
 
     # --- events (synchronous, on the event loop, right after the change) ---
 
     def create(self, session: Session) -> None:
         if session.id in self._sessions:
             raise JournalError(f"session {session.id} is journaled already")
-        self._enqueue(session.id, fmt.encode(fmt.create_meta(session)))
+        self._enqueue(session.id, fmt.encode(records.create_meta(session)))
         self._sessions[session.id] = session
 
     def turn(self, session: Session, experts: tuple[bytes, int] | None = None) -> None:
         """Record the turn `commit_turn` just applied, as a delta: O(new tokens).
         `experts` is what was passed to it (None when no routed experts)."""
         self._known(session)
-        self._enqueue(session.id, fmt.turn_parts(session, experts[0] if experts else None))
+        self._enqueue(session.id, records.turn_parts(session, experts[0] if experts else None))
 
     def expire(self, session: Session) -> None:
         """The server closed the session; replay restores it as expired."""
@@ -368,59 +334,28 @@ class Journal:
                 await self._write_batch()
             covered = self._written_seq
             number = self._segment + 1
-            tmp = self.directory / f"{fmt.segment_name(number)}.tmp"
-            try:
-                fd = await trio.to_thread.run_sync(os.open, tmp, _CREATE, 0o644)
-                try:
-                    live, total, skip = await self._write_snapshots(fd, number)
-                finally:
-                    os.close(fd)
-                new_fd = await trio.to_thread.run_sync(
-                    fmt.install_segment, self.directory, number, tmp
-                )
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
-            old, self._fd, self._segment = self._fd, new_fd, number
+            new = await write_compacted(
+                self.directory,
+                number,
+                self._sessions,
+                lambda: self._seq,
+                self._options.max_batch_bytes,
+            )
+            old, self._fd, self._segment = self._fd, new.fd, number
             if old >= 0:
                 os.close(old)
-            self._live_bytes, self._total_bytes, self._dead_bytes = live, total, 0
+            self._live_bytes, self._total_bytes = new.live_bytes, new.total_bytes
+            self._dead_bytes = 0
             self._compactions += 1
-            self._skip_upto = skip
+            self._skip_upto = new.skip_upto
             self._synced_seq = max(self._synced_seq, covered)
             self._unsynced = False
-            logger.info("journal: compacted into %s (%d bytes)", fmt.segment_name(number), total)
+            logger.info(
+                "journal: compacted into %s (%d bytes)", fmt.segment_name(number), new.total_bytes
+            )
         finally:
             self._compacting = False
             self._notify()
-
-    async def _write_snapshots(
-        self, fd: int, number: int
-    ) -> tuple[dict[str, int], int, dict[str, int]]:
-        """Write the begin record and a snapshot per live session, fsync.
-
-        Each session is copied on the loop in one synchronous step, so its
-        snapshot holds every record enqueued for it so far: the returned skip
-        map says which queued records are covered (or of sessions gone)."""
-        chunk = [fmt.encode(fmt.begin_meta(number))]
-        total = unwritten = framed_size(chunk[0])
-        live: dict[str, int] = {}
-        skip: dict[str, int] = {}
-        for sid in list(self._sessions):
-            session = self._sessions.get(sid)
-            if session is not None:  # else closed meanwhile: dropped
-                chunk.append(fmt.snapshot_parts(session))
-                live[sid] = framed_size(chunk[-1])
-                total += live[sid]
-                unwritten += live[sid]
-            skip[sid] = self._seq
-            if unwritten >= self._options.max_batch_bytes:
-                await trio.to_thread.run_sync(write_records, fd, chunk, False)
-                chunk, unwritten = [], 0
-            else:  # one session's copy per step keeps the loop responsive
-                await trio.lowlevel.checkpoint()
-        await trio.to_thread.run_sync(write_records, fd, chunk, True)
-        return live, total, skip
 
     # --- shutdown ---
 

@@ -19,7 +19,8 @@ import trio
 import trio.testing
 from transformers import AutoTokenizer
 
-from rollout_session.testing.emulator import Emulator, EmulatorConfig, start_emulator
+from rollout_session.testing.emulator import Emulator, EmulatorConfig
+from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.emulator_cli import add_arguments, config_from_args
 from rollout_session.testing.faults import FAULT_HEADER
 from rollout_session.testing.generation import SampleSpec, TextModel, routed_experts_blob

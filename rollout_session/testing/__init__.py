@@ -1,6 +1,7 @@
 """Test and demo support: the SGLang emulator and the bundled test tokenizer."""
 
-from .emulator import ChatRecord, Emulator, EmulatorConfig, create_emulator_app, start_emulator
+from .emulator import ChatRecord, Emulator, EmulatorConfig
+from .emulator_app import create_emulator_app, start_emulator
 from .faults import FAULT_HEADER, FAULTS
 from .generation import TextModel
 from .tokenizer import BUILTIN_TEMPLATES, builtin_template, bundled_tokenizer_path

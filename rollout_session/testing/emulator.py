@@ -1,18 +1,18 @@
-"""The SGLang emulator server: configuration, per-server state, and routes.
+"""The SGLang emulator: configuration, per-server state, and chat handling.
 
 Owns `EmulatorConfig`, the `Emulator` (one per app: tokenizer, fake model,
 prefix cache, fault picker, and the counters/records tests inspect and wait
-on), the handling of one ``/v1/chat/completions`` call (request checks, fault
-selection, cache lookup, latency, recording), the other SGLang routes, and
-`start_emulator`. What the model samples and the response JSON live in
-`generation`, the cache model in `prefix_cache`, the latency (GPU time)
-model in `gpu`, errors and injected faults in `faults`.
+on), and the handling of one ``/v1/chat/completions`` call (request checks,
+fault selection, cache lookup, latency, recording), independent of HTTP. The
+Quart app, its routes and `start_emulator` live in `emulator_app`; what the
+model samples and the response JSON in `generation`, the cache model in
+`prefix_cache`, the latency (GPU time) model in `gpu`, errors and injected
+faults in `faults`.
 """
 
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
@@ -22,22 +22,16 @@ from typing import Any
 
 import orjson
 import trio
-from quart import Response, request
-from quart_trio import QuartTrio
 from transformers import AutoTokenizer
 
-from rollout_session.serving import RunningServer, start_server
 from rollout_session.testing.faults import (
     EARLY_FAULTS,
-    FAULT_HEADER,
     FAULTS,
     BadRequest,
-    DropConnectionMiddleware,
     FaultPicker,
     Reply,
     context_length_message,
     early_fault_reply,
-    error_body,
     fault_reply,
 )
 from rollout_session.testing.generation import (
@@ -52,13 +46,7 @@ from rollout_session.testing.gpu import GpuModel
 from rollout_session.testing.prefix_cache import PrefixCache
 from rollout_session.testing.tokenizer import bundled_tokenizer_path
 
-__all__ = [
-    "ChatRecord",
-    "Emulator",
-    "EmulatorConfig",
-    "create_emulator_app",
-    "start_emulator",
-]
+__all__ = ["ChatRecord", "Emulator", "EmulatorConfig"]
 
 
 @dataclass(frozen=True)
@@ -343,109 +331,3 @@ class Emulator:
             return self.model.render(messages, tools, kwargs)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
-
-
-def _json(payload: Any) -> Response:
-    return Response(orjson.dumps(payload), content_type="application/json")
-
-
-def create_emulator_app(
-    config: EmulatorConfig, *, tokenizer: Any = None, model: TextModel | None = None
-) -> QuartTrio:
-    """The emulator's Quart-Trio app; its `Emulator` is ``app.extensions["emulator"]``.
-
-    Tests that start many emulators pass what they already loaded for
-    ``config.tokenizer_path``: ``tokenizer`` (an HF tokenizer) saves loading it
-    from disk, ``model`` (a `TextModel`, shareable) also saves its vocabulary scan.
-    """
-    if model is None and tokenizer is not None:
-        model = TextModel(tokenizer)
-    app = QuartTrio(__name__)
-    # Quart's defaults cut long requests and responses; the emulator stalls on purpose.
-    app.config.update(MAX_CONTENT_LENGTH=None, BODY_TIMEOUT=None, RESPONSE_TIMEOUT=None)
-    emulator = Emulator(config, model)
-    app.extensions["emulator"] = emulator
-
-    async def health() -> Response:
-        return _json({})
-
-    async def model_info() -> Response:
-        return _json(
-            {
-                "model_path": config.model_name,
-                "tokenizer_path": str(config.tokenizer_path),
-                "is_generation": True,
-                "weight_version": config.weight_version,
-            }
-        )
-
-    async def models() -> Response:
-        model = {
-            "id": config.model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "sglang",
-            "root": config.model_name,
-            "max_model_len": config.context_length,
-        }
-        return _json({"object": "list", "data": [model]})
-
-    async def chat() -> Response:
-        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        reply = await emulator.handle_chat(raw, request.headers.get(FAULT_HEADER))
-        return Response(
-            reply.body, status=reply.status, content_type="application/json", headers=reply.headers
-        )
-
-    async def open_session() -> Response:
-        body = await request.get_json(force=True, silent=True)
-        sid = body.get("session_id") if isinstance(body, dict) else None
-        sid = sid if isinstance(sid, str) and sid else uuid.uuid4().hex
-        emulator.open_session(sid)
-        return _json(sid)  # SGLang answers with the session id as a JSON string
-
-    async def close_session() -> Response:
-        body = await request.get_json(force=True, silent=True)
-        sid = body.get("session_id") if isinstance(body, dict) else None
-        if not isinstance(sid, str) or not sid:
-            return Response(
-                error_body("session_id is required"), 400, content_type="application/json"
-            )
-        emulator.close_session(sid)
-        return Response(b"", 200)
-
-    async def stats() -> Response:
-        return _json(emulator.stats())
-
-    for path, view, method in (
-        ("/health", health, "GET"),
-        ("/get_model_info", model_info, "GET"),
-        ("/v1/models", models, "GET"),
-        ("/v1/chat/completions", chat, "POST"),
-        ("/open_session", open_session, "POST"),
-        ("/close_session", close_session, "POST"),
-        ("/emulator/stats", stats, "GET"),
-    ):
-        app.add_url_rule(path, view_func=view, methods=[method])
-    # Quart's documented middleware hook: wrap asgi_app, keep the app object.
-    app.asgi_app = DropConnectionMiddleware(app.asgi_app)  # type: ignore[method-assign]
-    return app
-
-
-async def start_emulator(
-    nursery: trio.Nursery,
-    config: EmulatorConfig | None = None,
-    *,
-    tokenizer: Any = None,
-    model: TextModel | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-) -> tuple[RunningServer, Emulator]:
-    """Serve an emulator in ``nursery`` (port 0: a free port); returns it once listening.
-
-    ``tokenizer``/``model``: see `create_emulator_app`.
-    """
-    app = create_emulator_app(config or EmulatorConfig(), tokenizer=tokenizer, model=model)
-    server = await start_server(nursery, app, host=host, port=port)
-    emulator: Emulator = app.extensions["emulator"]
-    return server, emulator

@@ -16,7 +16,8 @@ from typing import Any
 
 import trio
 
-from rollout_session.testing.emulator import EmulatorConfig, start_emulator
+from rollout_session.testing.emulator import EmulatorConfig
+from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.faults import FAULTS
 from rollout_session.testing.tokenizer import BUILTIN_TEMPLATES, builtin_template
 

@@ -1,0 +1,268 @@
+"""Session records of the journal: encoding sessions' events, and replay.
+
+Owns what a record means: the meta and blobs of each event of a journaled
+session (built on the event loop from the state the change left, O(new
+tokens)), and `Replay`, which applies records in order to rebuild sessions
+and checks every one against the invariants `Trajectory.commit` trusts. How
+records are framed and stored in segment files is `journal_format`.
+
+Records (meta ``"t"``), ``id`` being the session id (``begin``, the first
+record of every segment, belongs to `journal_format`):
+
+- ``create`` ``md`` metadata, ``ca`` created_at, ``ttl`` ttl_s.
+- ``turn``   ``turn`` the `Turn` fields (``index`` is the number of turns
+  kept, i.e. the rollback point), ``mf`` messages kept, ``msgs`` messages
+  appended after them, ``tools`` (only when ``index == 0``), ``model``,
+  ``worker``, ``w`` experts width or null, ``ex`` whether experts were given;
+  blobs: prompt ids (mask 0), sampled ids, sampled logprobs[, experts].
+- ``expire`` ``cl`` closed_at, ``worker``; replay restores it as ``expired``.
+- ``close``  the session was collected (or dropped): replay forgets it.
+- ``snapshot`` a session's full state (create fields + ``st`` state, ``cl``,
+  ``tools``, ``model``, ``worker``, ``msgs``, ``turns``, ``w``); blobs: all
+  ids, all logprobs, all experts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+
+from .journal_format import JournalError, Parts, Record, encode
+from .sessions import Session, SessionState
+from .trajectory import Turn
+
+__all__ = ["Replay", "create_meta", "snapshot_parts", "turn_parts"]
+
+# The journal's one logger, whichever of its modules speaks.
+logger = logging.getLogger("rollout_session.journal")
+
+_TURN_FIELDS = tuple(f.name for f in fields(Turn))
+
+
+# --- encoding (runs on the event loop: O(new tokens), copies only the delta) ---
+
+
+def create_meta(session: Session) -> dict[str, Any]:
+    return {
+        "t": "create",
+        "id": session.id,
+        "md": session.metadata,
+        "ca": session.created_at,
+        "ttl": session.ttl_s,
+    }
+
+
+def _turn_dict(turn: Turn) -> dict[str, Any]:
+    return {name: getattr(turn, name) for name in _TURN_FIELDS}
+
+
+def _le(array: Any, dtype: str) -> bytes:
+    return np.asarray(array).astype(dtype, copy=False).tobytes()
+
+
+def turn_parts(session: Session, experts: bytes | None) -> Parts:
+    """The session's last committed turn as a delta, read back from the state
+    it left (so replay reproduces exactly what is in memory)."""
+    trajectory = session.trajectory
+    turn = trajectory.turns[-1]
+    keep = turn.index
+    kept = trajectory.turns[keep - 1].messages_end if keep else 0
+    tokens = trajectory.tokens
+    meta: dict[str, Any] = {
+        "t": "turn",
+        "id": session.id,
+        "turn": _turn_dict(turn),
+        "mf": kept,
+        "msgs": session.conversation.messages(kept),
+        "model": session.model,
+        "worker": session.worker,
+        "w": trajectory.experts_width if experts is not None else None,
+        "ex": experts is not None,
+    }
+    if keep == 0:
+        meta["tools"] = session.tools
+    # Views of the turn's own chunk: O(turn), not O(history).
+    blobs = [
+        _le(tokens.ids_between(turn.prompt_start, turn.completion_start), "<i4"),
+        _le(tokens.ids_between(turn.completion_start, turn.completion_end), "<i4"),
+        _le(tokens.sampled_logprobs(turn.completion_start, turn.completion_end), "<f4"),
+    ]
+    if experts is not None:
+        blobs.append(bytes(experts))  # `bytes` of a bytes object is that object
+    return encode(meta, blobs)
+
+
+def snapshot_parts(session: Session) -> Parts:
+    trajectory = session.trajectory
+    meta = create_meta(session)
+    meta.update(
+        t="snapshot",
+        st=SessionState.EXPIRED.value if session.state is SessionState.EXPIRED else "open",
+        cl=session.closed_at,
+        tools=session.tools,
+        model=session.model,
+        worker=session.worker,
+        msgs=session.messages,
+        turns=[_turn_dict(t) for t in trajectory.turns],
+        w=trajectory.experts_width,
+    )
+    blobs = [
+        _le(trajectory.tokens.ids, "<i4"),
+        _le(trajectory.tokens.logprobs, "<f4"),
+        bytes(trajectory.experts),
+    ]
+    return encode(meta, blobs)
+
+
+# --- replay ---
+
+
+class Replay:
+    """Applies records in order to rebuild sessions, and counts bytes per
+    session so the journal knows how much compaction would reclaim."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.sessions: dict[str, Session] = {}
+        self.live_bytes: dict[str, int] = {}
+        self.dead_bytes = 0
+        # Sessions whose record could not be applied: dropped, later records ignored.
+        self._poisoned: set[str] = set()
+
+    def apply(self, record: Record) -> None:
+        meta = record.meta
+        kind, sid = meta["t"], meta.get("id")
+        if not isinstance(sid, str):
+            raise JournalError(f"{kind} record at offset {record.offset} has no session id")
+        if kind == "close":
+            self.sessions.pop(sid, None)
+            self._poisoned.discard(sid)
+            self.dead_bytes += self.live_bytes.pop(sid, 0) + record.size
+            return
+        self.live_bytes[sid] = self.live_bytes.get(sid, 0) + record.size
+        if sid in self._poisoned:
+            return
+        try:
+            self._apply(kind, sid, meta, record.blobs)
+        except (KeyError, TypeError, ValueError, IndexError):
+            # A record that passed its crc but does not apply is a bug, not a
+            # torn write: lose this session (loudly), keep all the others.
+            logger.exception("journal: dropping session %s (%s at %d)", sid, kind, record.offset)
+            self.sessions.pop(sid, None)
+            self._poisoned.add(sid)
+
+    def _apply(self, kind: str, sid: str, meta: dict[str, Any], blobs: list[memoryview]) -> None:
+        if kind in ("create", "snapshot"):
+            if sid in self.sessions:
+                raise ValueError("session created twice")
+            self.sessions[sid] = self._session(meta, blobs)
+        elif kind == "turn":
+            _apply_turn(self.sessions[sid], meta, blobs)
+        elif kind == "expire":
+            session = self.sessions[sid]
+            session.state = SessionState.EXPIRED
+            session.closed_at = meta["cl"]
+            session.worker = meta["worker"]
+        else:
+            raise ValueError(f"unknown record type {kind!r}")
+
+    def finish(self) -> list[Session]:
+        for sid, session in list(self.sessions.items()):
+            problem = session.trajectory.check()
+            if problem is not None:
+                logger.error("journal: dropping session %s: %s", sid, problem)
+                del self.sessions[sid]
+        return list(self.sessions.values())
+
+    def _session(self, meta: dict[str, Any], blobs: list[memoryview]) -> Session:
+        md = meta["md"]
+        if not isinstance(md, dict):
+            raise TypeError("metadata is not an object")
+        session = Session(
+            id=meta["id"],
+            metadata=md,
+            created_at=meta["ca"],
+            # Downtime is not idleness: a restored session gets a full TTL.
+            last_active_at=self.now,
+            ttl_s=meta["ttl"],
+        )
+        if meta["t"] == "snapshot":
+            _apply_snapshot(session, meta, blobs)
+        return session
+
+
+def _apply_turn(session: Session, meta: dict[str, Any], blobs: list[memoryview]) -> None:
+    trajectory = session.trajectory
+    turn = Turn(**meta["turn"])
+    keep = turn.index
+    prompt = np.frombuffer(blobs[0], "<i4")
+    sampled = np.frombuffer(blobs[1], "<i4")
+    logprobs = np.frombuffer(blobs[2], "<f4")
+    # Check what commit() trusts, so a bad record cannot break invariants.
+    if keep > len(trajectory.turns) or turn.prompt_start != trajectory.length_after(keep):
+        raise ValueError(f"turn {keep} does not start where the kept turns end")
+    ends = (turn.completion_start, turn.completion_end)
+    if ends != (turn.prompt_start + len(prompt), turn.prompt_start + len(prompt) + len(sampled)):
+        raise ValueError("turn span does not match its token counts")
+    kept = trajectory.turns[keep - 1].messages_end if keep else 0
+    if meta["mf"] != kept or kept > len(session.conversation):
+        raise ValueError(f"turn keeps {meta['mf']} messages, expected {kept}")
+    experts = bytes(blobs[3]) if meta["ex"] else None
+    width = meta["w"]
+    if experts is not None and (
+        not isinstance(width, int)
+        or width <= 0
+        or len(experts) % (4 * width)
+        or trajectory.experts_width not in (None, width)
+    ):
+        raise ValueError(f"routed experts of width {width!r} do not fit")
+    trajectory.commit(
+        keep_turns=keep,
+        prompt_ids=prompt,
+        sampled_ids=sampled,
+        sampled_logprobs=logprobs,
+        turn=turn,
+        experts=experts,
+        experts_width=width,
+    )
+    session.conversation = session.conversation.spliced(kept, meta["msgs"])
+    if turn.messages_end != len(session.conversation):
+        raise ValueError("turn's messages_end does not match the messages")
+    if keep == 0:
+        session.tools = meta["tools"]
+    session.model = meta["model"]
+    session.worker = meta["worker"]
+
+
+def _apply_snapshot(session: Session, meta: dict[str, Any], blobs: list[memoryview]) -> None:
+    ids = np.frombuffer(blobs[0], "<i4")
+    logprobs = np.frombuffer(blobs[1], "<f4")
+    turns = [Turn(**t) for t in meta["turns"]]
+    width = meta["w"]
+    if len(ids) != len(logprobs) or (turns and turns[-1].completion_end != len(ids)):
+        raise ValueError("snapshot arrays do not match its turns")
+    if width is not None and not turns:
+        raise ValueError("snapshot has routed experts but no turns")
+    trajectory = session.trajectory
+    for i, turn in enumerate(turns):
+        last = i == len(turns) - 1
+        # Turns go through the one commit path; the experts blob (whole) rides
+        # on the last one, which restores it and its width exactly.
+        trajectory.commit(
+            keep_turns=i,
+            prompt_ids=ids[turn.prompt_start : turn.completion_start],
+            sampled_ids=ids[turn.completion_start : turn.completion_end],
+            sampled_logprobs=logprobs[turn.completion_start : turn.completion_end],
+            turn=turn,
+            experts=bytes(blobs[2]) if last and width is not None else None,
+            experts_width=width if last else None,
+        )
+    session.messages = list(meta["msgs"])
+    session.tools = meta["tools"]
+    session.model = meta["model"]
+    session.worker = meta["worker"]
+    session.state = SessionState(meta["st"])
+    session.closed_at = meta["cl"]
