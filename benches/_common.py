@@ -326,7 +326,9 @@ async def profile(target: Child | None, out: Path | None, rate: int = 100) -> An
         return
     spy = shutil.which("py-spy") or str(Path(PYTHON).parent / "py-spy")
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = [spy, "record", "-p", str(target.pid), "--format", "raw", "-r", str(rate)]
+    # --subprocesses: the validation worker processes are part of the server.
+    command = [spy, "record", "-p", str(target.pid), "--subprocesses", "--format", "raw"]
+    command += ["-r", str(rate)]
     command += ["--nonblocking", "-o", str(out)]
     process = await trio.lowlevel.open_process(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

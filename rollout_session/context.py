@@ -18,6 +18,7 @@ import trio
 import trio_parallel
 
 from .config import Settings
+from .handoff import Handoff, call_with_file
 from .lifecycle import PauseGate
 from .sessions import Session, SessionRegistry
 from .tokenization import ChatTokenizer
@@ -39,7 +40,8 @@ class ServerContext:
     registry: SessionRegistry
     pool: WorkerPool
     cpu_limiter: trio.CapacityLimiter
-    # One job per validation process at a time (`--parse-processes`).
+    # One job per validation process at a time (`--parse-processes`); held
+    # while a job's hand-off file exists, so there are at most that many.
     process_limiter: trio.CapacityLimiter
     pause: PauseGate
     metrics: Metrics
@@ -48,9 +50,13 @@ class ServerContext:
     # Set during startup (before serving): loading needs the worker's answer.
     tokenizer: ChatTokenizer | None = None
     model_info: ModelInfo | None = None
-    # Validation processes: open while `run_processes` runs (None otherwise:
-    # then answers go through `offload` like any other input).
+    # Validation processes and their hand-off directory: open while
+    # `run_processes` runs (None otherwise: then answers go through `offload`
+    # like any other input).
     processes: trio_parallel.WorkerContext | None = None
+    handoff: Handoff | None = None
+    # trio-parallel wants a limiter; `process_limiter` is already held.
+    _unbounded: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(math.inf))
 
     def forget(self, session: Session) -> None:
         """A session leaves the server (collected, or its keep-closed window
@@ -85,20 +91,30 @@ class ServerContext:
             return call()
         return await trio.to_thread.run_sync(call, limiter=self.cpu_limiter)
 
-    async def offload_process(self, cost: int, fn: Callable[..., T], *args: object) -> T:
-        """Run CPU-bound, picklable `fn` in a worker process when its input
-        is costly (`cost` bytes over `--process-threshold-kb`), else like
-        `offload`.
+    async def offload_process(
+        self, cost: int, fn: Callable[..., T], data: bytes, *args: object
+    ) -> T:
+        """Run CPU-bound, picklable `fn(data, *args)` in a worker process when
+        its input is costly (`cost` bytes over `--process-threshold-kb`), else
+        like `offload`.
 
         A process is the only place a 1 MiB decode does not hold this
         process's GIL, so the loop keeps answering /health and other sessions
-        while it runs. Not cancellable: a cancelled turn waits the few ms the
-        job has left, then the cancellation applies.
+        while it runs. `data` travels in a hand-off file, not the pipe. Not
+        cancellable: a cancelled turn waits the few ms the job has left, then
+        the cancellation applies.
         """
-        workers = self.processes
-        if workers is None or cost <= self.settings.process_threshold_bytes:
-            return await self.offload(cost, fn, *args)
-        result: T = await workers.run_sync(fn, *args, limiter=self.process_limiter)
+        workers, handoff = self.processes, self.handoff
+        if workers is None or handoff is None or cost <= self.settings.process_threshold_bytes:
+            return await self.offload(cost, fn, data, *args)
+        async with self.process_limiter:
+            with handoff.file(data) as path:
+                if path is None:
+                    result: T = await workers.run_sync(fn, data, *args, limiter=self._unbounded)
+                else:
+                    result = await workers.run_sync(
+                        call_with_file, path, fn, *args, limiter=self._unbounded
+                    )
         return result
 
     async def run_processes(self, *, task_status: trio.TaskStatus[None]) -> None:
@@ -110,12 +126,16 @@ class ServerContext:
         if self.settings.parse_processes == 0:
             task_status.started()
             return
-        async with trio_parallel.open_worker_context(
-            idle_timeout=math.inf, grace_period=5.0
-        ) as workers:
-            self.processes = workers
-            try:
-                task_status.started()
-                await trio.sleep_forever()
-            finally:
-                self.processes = None
+        handoff = Handoff()
+        try:
+            async with trio_parallel.open_worker_context(
+                idle_timeout=math.inf, grace_period=5.0
+            ) as workers:
+                self.processes, self.handoff = workers, handoff
+                try:
+                    task_status.started()
+                    await trio.sleep_forever()
+                finally:
+                    self.processes = self.handoff = None
+        finally:
+            handoff.close()

@@ -42,6 +42,10 @@ async def test_answers_validated_in_a_process_equal_inline_ones(
             assert stack.ctx.processes is not None
             # The process really did the work: it is now idle, waiting for more.
             assert stack.ctx.processes.statistics().idle_workers == 1
+            # Every answer went there through a hand-off file, now removed.
+            handoff = stack.ctx.handoff
+            assert handoff is not None and handoff.files_written == 3
+            assert list(handoff.directory.iterdir()) == []
         else:
             assert stack.ctx.processes is None
     assert docs[0]["routed_experts"]["shape"][0] > 0
