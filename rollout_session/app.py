@@ -59,7 +59,7 @@ def _from_http_exception(exc: HTTPException) -> RolloutSessionError:
     if exc.code == 405:
         return MethodNotAllowed("method not allowed on this route")
     if exc.code == 413:
-        return RequestTooLarge("request body is larger than the server's limit")
+        return RequestTooLarge()
     return InvalidRequest(exc.description or "bad request")
 
 

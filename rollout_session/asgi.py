@@ -158,7 +158,7 @@ class ChatRoute:
         limit = self._ctx.settings.max_body_bytes
         declared = _header(scope["headers"], b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _too_large()
+            raise RequestTooLarge()
         chunks: list[bytes] = []
         size = 0
         with trio.move_on_after(BODY_TIMEOUT_S):
@@ -169,7 +169,7 @@ class ChatRoute:
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
-                    raise _too_large()
+                    raise RequestTooLarge()
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     return b"".join(chunks)
@@ -188,10 +188,6 @@ def _error_response(exc: Exception) -> _Response:
     headers = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     headers.append((b"content-type", _JSON))
     return error.status_code, headers, error.to_body()
-
-
-def _too_large() -> RequestTooLarge:
-    return RequestTooLarge("request body is larger than the server's limit")
 
 
 async def _cancel_on_disconnect(receive: ASGIReceiveCallable, scope: trio.CancelScope) -> None:

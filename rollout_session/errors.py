@@ -177,7 +177,7 @@ class RequestTooLarge(ClientError):
     status_code = 413
     code = "request_too_large"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str = "request body is larger than the server's limit") -> None:
         super().__init__(message, headers={"Connection": "close"})
 
 

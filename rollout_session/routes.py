@@ -40,7 +40,7 @@ async def read_body() -> bytes:
     try:
         data: bytes = await request.get_data(cache=False, as_text=False, parse_form_data=False)
     except RequestEntityTooLarge:
-        raise RequestTooLarge("request body is larger than the server's limit") from None
+        raise RequestTooLarge() from None
     return data
 
 
