@@ -4,7 +4,8 @@ The app owns everything (registry, worker pool, tokenizer, CPU limiter) via
 one `ServerContext` stored in ``app.extensions["rollout_session"]``. One error
 handler renders every `RolloutSessionError` as the OpenAI error body; HTTP
 errors raised by Quart itself and unexpected exceptions get the same shape,
-never a stack trace.
+never a stack trace. The chat route is served in front of Quart by
+`asgi.ChatRoute`, with the same API key check and error rendering.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .admin import register_admin_routes
-from .asgi import ChatRoute, as_error, check_api_key
+from .asgi import ChatRoute, as_error, bearer, check_api_key
 from .config import Settings
 from .context import ServerContext
 from .errors import (
@@ -121,7 +122,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         if ctx.journal is not None:
             await ctx.journal.aclose()
 
-    expected_auth = None if settings.api_key is None else f"Bearer {settings.api_key}".encode()
+    expected_auth = bearer(settings.api_key)
 
     @app.before_request
     async def authenticate() -> None:

@@ -40,7 +40,14 @@ from .errors import (
 from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS, sse_body
 from .turns import run_turn
 
-__all__ = ["BODY_TIMEOUT_S", "ChatRoute", "as_error", "chat_session_id", "check_api_key"]
+__all__ = [
+    "BODY_TIMEOUT_S",
+    "ChatRoute",
+    "as_error",
+    "bearer",
+    "chat_session_id",
+    "check_api_key",
+]
 
 logger = logging.getLogger("rollout_session")
 
@@ -68,8 +75,13 @@ def chat_session_id(path: str) -> str | None:
     return session_id if session_id and "/" not in session_id else None
 
 
+def bearer(api_key: str | None) -> bytes | None:
+    """The Authorization header value `check_api_key` expects (None: no key)."""
+    return None if api_key is None else f"Bearer {api_key}".encode()
+
+
 def check_api_key(expected: bytes | None, authorization: bytes) -> None:
-    """Raise `Unauthorized` unless `authorization` is ``Bearer <key>``."""
+    """Raise `Unauthorized` unless `authorization` is `expected`."""
     # Constant-time: the comparison must not leak how much of a guess matched.
     if expected is not None and not hmac.compare_digest(authorization, expected):
         raise Unauthorized("missing or wrong API key (Authorization: Bearer <key>)")
@@ -96,8 +108,7 @@ class ChatRoute:
     def __init__(self, app: ASGIFramework, ctx: ServerContext) -> None:
         self._app = app
         self._ctx = ctx
-        key = ctx.settings.api_key
-        self._expected_auth = None if key is None else f"Bearer {key}".encode()
+        self._expected_auth = bearer(ctx.settings.api_key)
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
