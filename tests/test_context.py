@@ -45,6 +45,7 @@ async def test_answers_validated_in_a_process_equal_inline_ones(
             # Every answer went there through a hand-off file, now removed.
             handoff = stack.ctx.handoff
             assert handoff is not None and handoff.files_written == 3
+            assert handoff.directory is not None
             assert list(handoff.directory.iterdir()) == []
         else:
             assert stack.ctx.processes is None
