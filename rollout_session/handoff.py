@@ -4,10 +4,11 @@ A worker answer sent to a validation process as an argument is pickled
 through trio-parallel's pipe: 64 KiB at a time, each chunk a wake-up of both
 processes. A 0.71 MiB answer costs 3.1-3.5 ms of CPU (both processes) that
 way, 0.8 ms when it is written to a file on tmpfs (``/dev/shm``) and the
-process reads it back (`benches/handoff.py`). `Handoff` owns one private directory for those
-files; at most one file per running job exists at a time, and each is removed
-as soon as its job is done. A process killed with SIGKILL leaves the
-directory behind (``rollout-session-*``, holding at most those files).
+process reads it back (`benches/handoff.py`). `Handoff` owns one private
+directory for those files; at most one file per running job exists at a
+time, and each is removed as soon as its job is done. A process killed with
+SIGKILL leaves the directory behind (``rollout-session-*``, holding at most
+those files).
 """
 
 from __future__ import annotations
