@@ -4,8 +4,8 @@ The app owns everything (registry, worker pool, tokenizer, CPU limiter) via
 one `ServerContext` stored in ``app.extensions["rollout_session"]``. One error
 handler renders every `RolloutSessionError` as the OpenAI error body; HTTP
 errors raised by Quart itself and unexpected exceptions get the same shape,
-never a stack trace. The chat route and /health are served in front of
-Quart by `asgi.HotRoutes`, with the same API key check and error rendering.
+never a stack trace. The chat route is served in front of Quart by
+`asgi.ChatRoute`, with the same API key check and error rendering.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .admin import register_admin_routes
-from .asgi import HotRoutes, as_error, bearer, check_api_key
+from .asgi import ChatRoute, as_error, bearer, check_api_key
 from .config import Settings
 from .context import ServerContext
 from .errors import (
@@ -126,8 +126,8 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
 
     @app.before_request
     async def authenticate() -> None:
-        # /health, the one open route, never reaches Quart (asgi.HotRoutes).
-        check_api_key(expected_auth, request.headers.get("Authorization", "").encode())
+        if request.path != "/health":
+            check_api_key(expected_auth, request.headers.get("Authorization", "").encode())
 
     @app.errorhandler(RolloutSessionError)
     async def on_error(error: RolloutSessionError) -> Response:
@@ -144,8 +144,8 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     register_routes(app, ctx)
     register_admin_routes(app, ctx)
     register_inspector_routes(app, ctx)
-    # The chat route (every agent turn) and /health are served below Quart.
-    app.asgi_app = HotRoutes(app.asgi_app, ctx)  # type: ignore[method-assign]
+    # The chat route is served below Quart (asgi.py): it is every agent turn.
+    app.asgi_app = ChatRoute(app.asgi_app, ctx)  # type: ignore[method-assign]
     return app
 
 

@@ -1,19 +1,14 @@
-"""The routes served as bare ASGI, below Quart, and the error rendering all share.
+"""The chat route as bare ASGI, below Quart, and the error rendering both share.
 
-`HotRoutes` wraps the Quart app's ASGI callable and serves two routes itself;
-every other request goes to Quart unchanged.
-
-- ``POST /sessions/{id}/v1/chat/completions``: every agent turn. Quart's
-  per-request machinery (request and app contexts, URL matching, werkzeug
-  headers, tasks per request) cost 0.13-0.23 ms of CPU per turn
-  (docs/benchmarks.md, P2). What Quart did for this route is kept: the API
-  key, the body limit and timeout, 405 for other methods, the OpenAI error
-  body for every failure, and a client disconnect cancelling the turn
-  (Quart-Trio's behaviour: the handler runs in a nursery that a disconnect
-  cancels).
-- ``GET /health``: probed while the server is loaded. Answered in the task
-  hypercorn gave the request, with no task of its own: under load every task
-  hop waits for a whole scheduling round of the event loop (P1).
+Every agent turn is a ``POST /sessions/{id}/v1/chat/completions``, so that
+route is served here: `ChatRoute` wraps the Quart app's ASGI callable and
+hands every other request to Quart unchanged. Quart's per-request machinery
+(request and app contexts, URL matching, a task per request, werkzeug
+headers) costs 0.3-0.7 ms, a third of the server's added latency on a small
+turn (docs/benchmarks.md, P2). What Quart did for this route is kept: the API
+key, the body limit and timeout, 405 for other methods, the OpenAI error body
+for every failure, and a client disconnect cancelling the turn (Quart-Trio's
+behaviour: the handler runs in a nursery that a disconnect cancels).
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import hmac
 import logging
 from collections.abc import Iterable
 
-import orjson
 import trio
 from hypercorn.typing import (
     ASGIFramework,
@@ -48,7 +42,7 @@ from .turns import run_turn
 
 __all__ = [
     "BODY_TIMEOUT_S",
-    "HotRoutes",
+    "ChatRoute",
     "as_error",
     "bearer",
     "chat_session_id",
@@ -108,9 +102,8 @@ def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None
     return next((value for key, value in headers if key == name), None)
 
 
-class HotRoutes:
-    """ASGI middleware serving the chat route and /health; everything else
-    goes to `app`."""
+class ChatRoute:
+    """ASGI middleware serving the chat route; everything else goes to `app`."""
 
     def __init__(self, app: ASGIFramework, ctx: ServerContext) -> None:
         self._app = app
@@ -121,27 +114,11 @@ class HotRoutes:
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         if scope["type"] == "http" and not scope.get("root_path"):
-            if scope["path"] == "/health":
-                await _send(send, self._health(scope["method"]))
-                return
             session_id = chat_session_id(scope["path"])
             if session_id is not None:
                 await self._serve(scope, receive, send, session_id)
                 return
         await self._app(scope, receive, send)
-
-    def _health(self, method: str) -> _Response:
-        if method not in ("GET", "HEAD"):  # HEAD: hypercorn drops the body
-            return _error_response(MethodNotAllowed("method not allowed on this route"))
-        ctx = self._ctx
-        healthy, total = ctx.pool.counts()
-        doc = {
-            "status": "ok",
-            "instance_id": ctx.instance_id,
-            "workers": {"healthy": healthy, "total": total},
-            "sessions": len(ctx.registry),
-        }
-        return 200, [(b"content-type", _JSON)], orjson.dumps(doc)
 
     async def _serve(
         self,

@@ -85,6 +85,18 @@ def _page_args(args: Any) -> tuple[SessionState | None, int, str | None]:
 def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     registry = ctx.registry
 
+    @app.get("/health")
+    async def health() -> Response:
+        healthy, total = ctx.pool.counts()
+        return json_response(
+            {
+                "status": "ok",
+                "instance_id": ctx.instance_id,
+                "workers": {"healthy": healthy, "total": total},
+                "sessions": len(registry),
+            }
+        )
+
     @app.post("/sessions")
     async def create_session() -> Response:
         session_id, metadata, ttl_s = _create_args(await read_json_object(optional=True))

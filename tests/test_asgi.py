@@ -1,19 +1,17 @@
-"""The routes served below Quart (chat, /health): what Quart did for them still holds."""
+"""The chat route served below Quart: what Quart did for it still holds."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
-from unittest.mock import ANY
 
-import orjson
 import pytest
 import trio
 import trio.testing
 
 from rollout_session import Settings, create_app
 from rollout_session.app import server_context
-from rollout_session.asgi import BODY_TIMEOUT_S, HotRoutes, chat_session_id
+from rollout_session.asgi import BODY_TIMEOUT_S, ChatRoute, chat_session_id
 
 from .conftest import Stack, StackFactory
 
@@ -45,34 +43,6 @@ async def test_other_methods_are_405_with_error_body(stack: Stack, method: str) 
     assert response.status_code == 405
     assert response.json()["error"]["code"] == "method_not_allowed"
     assert stack.emulator.received == 0
-
-
-@pytest.mark.parametrize("method", ["GET", "HEAD"])
-async def test_health_is_answered_below_quart(method: str) -> None:
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        raise AssertionError("/health reads nothing")
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {**_scope(), "method": method, "path": "/health"}
-    await _route()(scope, receive, send)  # type: ignore[arg-type]
-    assert sent[0]["status"] == 200
-    assert orjson.loads(sent[1]["body"]) == {
-        "status": "ok",
-        "instance_id": ANY,
-        "workers": {"healthy": 1, "total": 1},
-        "sessions": 0,
-    }
-
-
-async def test_health_other_methods_are_405(stack: Stack) -> None:
-    response = await stack.client.post("/health")
-    assert response.status_code == 405
-    assert response.json()["error"]["code"] == "method_not_allowed"
-    assert (await stack.client.head("/health")).status_code == 200
 
 
 async def test_near_misses_go_to_quart(stack: Stack) -> None:
@@ -120,12 +90,12 @@ async def test_unexpected_error_is_500_logged_and_releases(
     assert (await stack.chat(session_id, messages=USER)).status_code == 500
 
 
-def _route() -> HotRoutes:
+def _route() -> ChatRoute:
     async def quart(*args: Any) -> None:
-        raise AssertionError("the hot routes must not reach Quart")
+        raise AssertionError("the chat route must not reach Quart")
 
     app = create_app(Settings(workers=("http://127.0.0.1:9",)))
-    return HotRoutes(quart, server_context(app))
+    return ChatRoute(quart, server_context(app))
 
 
 def _scope() -> dict[str, Any]:
