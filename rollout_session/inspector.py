@@ -144,7 +144,7 @@ def template_diff(
     tail = rerendered[len(committed) :] if at is None else []
     expected_tail: list[int] = []
     if turns and messages and messages[-1].get("role") == "assistant":
-        turn_end = tokenizer.encode(tokenizer.turn_end_text(tools=tools, kwargs=kwargs))
+        _, turn_end = tokenizer.turn_end(tools=tools, kwargs=kwargs)
         _, start, end = turns[-1]
         expected_tail = missing_turn_end(committed[start:end], turn_end)
     turn = sampled = None

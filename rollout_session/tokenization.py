@@ -107,13 +107,11 @@ class ChatTokenizer:
             raise InvariantViolated("chat template dropped the assistant turn of the context")
         return text[at + len(_SENTINEL) :]
 
-    def turn_end_text(self, *, tools: list[Any] | None, kwargs: Mapping[str, Any]) -> str:
-        """What the template renders after an assistant message's content."""
-        return self._turn_end(tools, kwargs)[0]
-
-    def _turn_end(
-        self, tools: list[Any] | None, kwargs: Mapping[str, Any]
+    def turn_end(
+        self, *, tools: list[Any] | None, kwargs: Mapping[str, Any]
     ) -> tuple[str, tuple[int, ...]]:
+        """What the template renders after an assistant message's content, and
+        its ids (kept per distinct tools and kwargs)."""
         try:
             # Order-preserving JSON: equal keys mean inputs the template cannot
             # tell apart (1 and 1.0, true and 1 serialise differently).
@@ -147,7 +145,7 @@ class ChatTokenizer:
         Rendering only the new messages after the synthetic context keeps the
         cost proportional to what is appended, whatever the history length.
         """
-        turn_end, turn_end_ids = self._turn_end(tools, kwargs)
+        turn_end, turn_end_ids = self.turn_end(tools=tools, kwargs=kwargs)
         text = self.render(
             [*_CONTEXT, *new_messages], tools=tools, kwargs=kwargs, add_generation_prompt=True
         )

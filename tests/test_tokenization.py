@@ -99,6 +99,6 @@ def test_turn_end_is_kept_per_tools_and_kwargs(hf_tokenizer: Any) -> None:
     ]
     for _ in range(2):
         for tools, kwargs, expected in cases:
-            assert tok.turn_end_text(tools=tools, kwargs=kwargs) == expected
+            assert tok.turn_end(tools=tools, kwargs=kwargs)[0] == expected
             turn_end, _ = tok.appended(new, tools=tools, kwargs=kwargs)
             assert turn_end == tok.encode(expected)
