@@ -10,8 +10,8 @@ Invariants (checked by `Trajectory.check`, relied on by export):
 
 Storage is what the invariants leave to store: int32 ids (4 bytes per token)
 and float32 logprobs of sampled tokens only (4 bytes per *sampled* token: they
-are 0.0 elsewhere by definition), in one exactly sized, never-written-again array per commit
-(ids, then the sampled logprobs' bits), sized exactly. ``mask`` and the full-length
+are 0.0 elsewhere by definition), per commit one exactly sized,
+never-written-again array of each. ``mask`` and the full-length
 ``ids``/``logprobs`` are built on demand (fresh arrays: export, snapshots,
 the next turn's ``input_ids``, which `plan_turn` copies anyway). Chunks are
 never grown or reallocated: an idle session holds no growth slack, a commit
@@ -113,14 +113,6 @@ class TokenBuffer:
         self._logprobs.append(np.array(logprobs, _F4) if end > middle else _NO_LOGPROBS)
         self._bounds.extend((middle, end))
         self._num_sampled += end - middle
-
-    def append_prompt(self, ids: Sequence[int] | IdArray) -> None:
-        """Tokens the model read but did not sample: mask 0, logprob 0.0."""
-        self.append(ids)
-
-    def append_sampled(self, ids: IdArray, logprobs: LogprobArray) -> None:
-        """Tokens the model sampled: mask 1 with their logprobs."""
-        self.append((), ids, logprobs)
 
     def truncate(self, size: int) -> None:
         if not 0 <= size <= len(self):

@@ -65,8 +65,8 @@ def test_check_reports_corruption() -> None:
 def test_storage_stays_under_16_bytes_per_token() -> None:
     buffer = TokenBuffer()
     for _ in range(400):  # many small appends, as turns do
-        buffer.append_prompt(list(range(7)))
-        buffer.append_sampled(np.arange(13, dtype=np.int32), np.zeros(13, np.float32))
+        buffer.append(list(range(7)))
+        buffer.append((), np.arange(13, dtype=np.int32), np.zeros(13, np.float32))
     assert len(buffer) == 8000
     assert buffer.nbytes / len(buffer) <= 16
 
@@ -110,9 +110,9 @@ def test_truncate_inside_a_chunk_keeps_its_head() -> None:
 def test_check_reports_sampled_runs_that_are_not_the_turns() -> None:
     traj = Trajectory()
     commit(traj, 0, [1], [2])
-    traj.tokens.append_sampled(np.array([3], np.int32), np.zeros(1, np.float32))
+    traj.tokens.append((), np.array([3], np.int32), np.zeros(1, np.float32))
     traj.tokens.truncate(2)
     assert traj.check() is None
     traj.tokens.truncate(1)
-    traj.tokens.append_prompt([2])  # same length, but the sampled token is gone
+    traj.tokens.append([2])  # same length, but the sampled token is gone
     assert traj.check() is not None
