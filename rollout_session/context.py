@@ -18,7 +18,7 @@ import trio
 import trio_parallel
 
 from .config import Settings
-from .handoff import Handoff, call_with_file
+from .handoff import Handoff
 from .lifecycle import PauseGate
 from .sessions import Session, SessionRegistry
 from .tokenization import ChatTokenizer
@@ -100,22 +100,15 @@ class ServerContext:
 
         A process is the only place a 1 MiB decode does not hold this
         process's GIL, so the loop keeps answering /health and other sessions
-        while it runs. `data` travels in a hand-off file, not the pipe. Not
-        cancellable: a cancelled turn waits the few ms the job has left, then
-        the cancellation applies.
+        while it runs. `data` and the result's arrays travel in a hand-off
+        file, not the pipe. Not cancellable: a cancelled turn waits the few ms
+        the job has left, then the cancellation applies.
         """
         workers, handoff = self.processes, self.handoff
         if workers is None or handoff is None or cost <= self.settings.process_threshold_bytes:
             return await self.offload(cost, fn, data, *args)
         async with self.process_limiter:
-            with handoff.file(data) as path:
-                if path is None:
-                    result: T = await workers.run_sync(fn, data, *args, limiter=self._unbounded)
-                else:
-                    result = await workers.run_sync(
-                        call_with_file, path, fn, *args, limiter=self._unbounded
-                    )
-        return result
+            return await handoff.run_sync(workers, fn, data, *args, limiter=self._unbounded)
 
     async def run_processes(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Own the validation processes until cancelled (app shutdown).

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
 import logging
+import math
 import os
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import orjson
 import pytest
+import trio
+import trio_parallel
 
 from rollout_session.handoff import Handoff, call_with_file
+from rollout_session.validation import AnswerCheck, check_answer
 
 
 def test_file_holds_the_data_until_the_block_ends(tmp_path: Path) -> None:
@@ -20,7 +29,9 @@ def test_file_holds_the_data_until_the_block_ends(tmp_path: Path) -> None:
         assert Path(path).parent == handoff.directory
         assert handoff.directory.parent == tmp_path
         assert oct(Path(path).stat().st_mode & 0o777) == "0o600"
-        assert call_with_file(path, lambda got, extra: (got, extra), 7) == (data, 7)
+        reply = call_with_file(path, lambda got, extra: (got, extra), 7)
+        assert reply.sizes == ()  # bytes are pickled in band
+        assert reply.load(path) == (data, 7)
     assert list(handoff.directory.iterdir()) == []
     assert handoff.files_written == 1
     handoff.close()
@@ -63,3 +74,63 @@ def test_default_directory_is_shared_memory_when_there_is_one() -> None:
         assert handoff.directory.name.startswith("rollout-session-")
     finally:
         handoff.close()
+
+
+def _arrays(data: bytes, n: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str]:
+    ids = np.frombuffer(data, np.int32)
+    return ids.copy(), (ids * 0.5).astype(np.float32), f"{n} extra"
+
+
+def test_result_arrays_come_back_through_the_file(tmp_path: Path) -> None:
+    handoff = Handoff(tmp_path)
+    data = np.arange(30_000, dtype=np.int32).tobytes()
+    with handoff.file(data) as path:
+        assert path is not None
+        reply = call_with_file(path, _arrays, 3)
+        assert reply.sizes == (120_000, 120_000)
+        assert len(reply.pickled) < 1_000  # the arrays are not in it
+        ids, logprobs, extra = reply.load(path)
+    assert extra == "3 extra"
+    np.testing.assert_array_equal(ids, np.arange(30_000))
+    np.testing.assert_array_equal(logprobs, np.arange(30_000) * 0.5)
+    assert ids.flags.writeable and logprobs.dtype == np.float32
+
+
+def test_result_goes_through_the_pipe_when_the_file_cannot_be_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(path: str, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return builtins.open(path, mode, *args, **kwargs)
+
+    handoff = Handoff(tmp_path)
+    with handoff.file(np.arange(10, dtype=np.int32).tobytes()) as path:
+        assert path is not None
+        monkeypatch.setattr("rollout_session.handoff.open", no_space, raising=False)
+        reply = call_with_file(path, _arrays, 1)
+        assert reply.sizes == ()
+        ids, _, _ = reply.load(path)
+    np.testing.assert_array_equal(ids, np.arange(10))
+
+
+async def test_run_sync_in_a_worker_process(tmp_path: Path) -> None:
+    """What the server runs there: `check_answer` on a 20k-token answer."""
+    entries = [[-0.25, token, None] for token in range(20_000)]
+    meta = {"output_token_logprobs": entries, "completion_tokens": 20_000, "prompt_tokens": 3}
+    body = orjson.dumps({"choices": [{"message": {"content": "x"}, "meta_info": meta}]})
+    handoff = Handoff(tmp_path)
+    async with trio_parallel.open_worker_context() as workers:
+        answer, experts = await handoff.run_sync(
+            workers,
+            check_answer,
+            body,
+            AnswerCheck(sent_prompt_tokens=3, vocab_size=50_000),
+            limiter=trio.CapacityLimiter(math.inf),
+        )
+    np.testing.assert_array_equal(answer.ids, np.arange(20_000))
+    np.testing.assert_array_equal(answer.logprobs, np.full(20_000, -0.25, np.float32))
+    assert answer.ids.flags.writeable  # rebuilt on our buffer, not on bytes
+    assert experts is None and answer.content == "x"
+    assert handoff.files_written == 1
+    assert handoff.directory is not None and list(handoff.directory.iterdir()) == []
