@@ -98,6 +98,12 @@ class Child:
                 total += cpu
         return total if self.pid in stats else math.nan
 
+    def main_cpu_s(self) -> float:
+        """User + system CPU seconds so far of the process alone (all its
+        threads; for the server: the event loop, without its validation
+        processes)."""
+        return _proc_stats().get(self.pid, (0, math.nan))[1]
+
     def memory_mib(self) -> tuple[float, float]:
         """(current RSS, peak RSS) in MiB."""
         values = {}
@@ -293,23 +299,27 @@ class Window:
     _machine: float = 0.0
     _self: float = 0.0
     _children: list[float] = field(default_factory=list)
+    _mains: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._wall = time.perf_counter()
         self._machine = machine_busy_s()
         self._self = time.process_time()
         self._children = [c.cpu_s() for c in self.ours]
+        self._mains = [c.main_cpu_s() for c in self.ours]
 
     def finish(self) -> dict[str, float]:
         wall = time.perf_counter() - self._wall
         machine = machine_busy_s() - self._machine
         own = time.process_time() - self._self
         kids = [c.cpu_s() - before for c, before in zip(self.ours, self._children, strict=True)]
+        mains = [c.main_cpu_s() - before for c, before in zip(self.ours, self._mains, strict=True)]
         ours = own + sum(kids)
         return {
             "wall_s": wall,
             "self_cpu_s": own,
             **{f"{c.name}_cpu_s": k for c, k in zip(self.ours, kids, strict=True)},
+            **{f"{c.name}_main_cpu_s": m for c, m in zip(self.ours, mains, strict=True)},
             "machine_cores": machine / wall,
             "foreign_cores": max(machine - ours, 0.0) / wall,
         }
