@@ -285,7 +285,7 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
         # agent's answer; nothing is committed.
         return TurnOutcome(reply, request.stream_mode)
     answer, experts = await ctx.offload_process(
-        decode_cost(reply.body),
+        decode_cost(reply.body, experts=ctx.settings.routed_experts),
         check_answer,
         reply.body,
         AnswerCheck(

@@ -129,15 +129,18 @@ class WorkerAnswer:
 _EXPERTS_KEY = b'"routed_experts":"'
 
 
-def decode_cost(body: bytes) -> int:
+def decode_cost(body: bytes, *, experts: bool) -> int:
     """The bytes of `body` that cost decode time: all but the routed-experts
-    string.
+    string, which is looked for only when `experts` were asked for.
 
     Decoding costs per JSON value, not per byte: 30k logprob entries (0.7 MiB)
     take ~6 ms, a 1.3 MiB base64 string well under one. Where an answer is
-    validated (loop or process) is decided on this; a miss (other spacing)
-    only counts the string in.
+    validated (loop or process) is decided on this; a miss (other spacing,
+    or experts not asked for) only counts the string in. Not looking saves
+    a scan of the body on the loop (0.2 ms for 0.7 MiB).
     """
+    if not experts:
+        return len(body)
     start = body.find(_EXPERTS_KEY)
     if start < 0:
         return len(body)

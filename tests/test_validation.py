@@ -135,9 +135,12 @@ def test_check_answer_without_routed_experts_is_parse_worker_answer() -> None:
 def test_decode_cost_leaves_out_the_routed_experts_string() -> None:
     answer = copy.deepcopy(FIXTURES["text_answer"])
     plain = orjson.dumps(answer)
-    assert decode_cost(plain) == len(plain)
+    assert decode_cost(plain, experts=True) == len(plain)
     blob = base64.b64encode(bytes(300_000)).decode()
     answer["choices"][0]["meta_info"]["routed_experts"] = blob
     with_experts = orjson.dumps(answer)
     # The key and the string are left out; the closing quote still counts.
-    assert decode_cost(with_experts) == len(with_experts) - len(blob) - len('"routed_experts":"')
+    cost = len(with_experts) - len(blob) - len('"routed_experts":"')
+    assert decode_cost(with_experts, experts=True) == cost
+    # Not asked for: not looked for (counted in, to the safe side).
+    assert decode_cost(with_experts, experts=False) == len(with_experts)
