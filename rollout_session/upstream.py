@@ -11,8 +11,10 @@ worker may have done the work: never retried). The worker pool
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +66,62 @@ _TRANSPORT_ERRORS = (
 )
 
 
+# httpcore reads 64 KiB at a time: a 1.3 MiB answer is 21 reads, each a
+# task step of the loop plus h11 and httpcore bookkeeping. Reading what the
+# socket holds, up to 1 MiB, took 0.6 ms (logprobs) to 1.4 ms (routed
+# experts) of loop CPU off each P1 chat (docs/benchmarks.md). (The
+# `timeout` parameters below are httpcore's interface: noqa ASYNC109.)
+READ_BYTES = 1 << 20
+
+
+class _LargeReadStream(httpcore.AsyncNetworkStream):
+    """A network stream whose reads ask for at least `READ_BYTES`."""
+
+    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
+        self._stream = stream
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        return await self._stream.read(max(max_bytes, READ_BYTES), timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        await self._stream.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> httpcore.AsyncNetworkStream:
+        return _LargeReadStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _LargeReadBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's trio backend, its streams wrapped in `_LargeReadStream`."""
+
+    def __init__(self) -> None:
+        self._backend = httpcore.TrioBackend()  # the server is one trio loop
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _LargeReadStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._backend.sleep(seconds)
+
+
 class WorkerClient:
     """Keep-alive HTTP/1.1 connections to one worker, on httpcore directly.
 
@@ -104,7 +162,7 @@ class WorkerClient:
                 "pool": timeout_s,
             }
         }
-        self._backend = httpcore.TrioBackend()  # the server is one trio loop
+        self._backend = _LargeReadBackend()
         self._slots = trio.Semaphore(max_connections)
         self._idle: deque[httpcore.AsyncHTTPConnection] = deque()
         self._urls: dict[str, httpcore.URL] = {}

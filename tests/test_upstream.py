@@ -11,17 +11,26 @@ import h11
 import httpcore
 import pytest
 import trio
+from httpcore._backends.trio import TrioStream  # what WorkerClient's reads reach
 
 from rollout_session.errors import UpstreamError
-from rollout_session.upstream import NotSent, WorkerClient, fetch_model_info, post_chat
+from rollout_session.upstream import (
+    READ_BYTES,
+    NotSent,
+    WorkerClient,
+    fetch_model_info,
+    post_chat,
+)
 
 ANSWER = b'{"ok": true}'
+LARGE = bytes(range(256)) * (3 * 4096)  # 3 MiB
 
 
 @dataclass
 class Origin:
     """A keep-alive HTTP/1.1 server on a free port. ``/close`` answers and then
-    closes the connection; ``/hold`` answers once `release` is set."""
+    closes the connection; ``/hold`` answers once `release` is set; ``/large``
+    answers `LARGE` in one write."""
 
     url: str = ""
     connections: int = 0  # accepted so far
@@ -77,14 +86,18 @@ class Origin:
                     target = self.requests[-1][1]
                     if target == b"/hold" and not await self._held(stream):
                         return  # the client went away while waiting
+                    answer = LARGE if target == b"/large" else ANSWER
                     headers = [("content-type", "application/json")]
-                    headers.append(("content-length", str(len(ANSWER))))
-                    for reply in (
-                        h11.Response(status_code=200, headers=headers),
-                        h11.Data(data=ANSWER),
-                        h11.EndOfMessage(),
-                    ):
-                        await stream.send_all(conn.send(reply) or b"")
+                    headers.append(("content-length", str(len(answer))))
+                    reply = b"".join(
+                        conn.send(event) or b""
+                        for event in (
+                            h11.Response(status_code=200, headers=headers),
+                            h11.Data(data=answer),
+                            h11.EndOfMessage(),
+                        )
+                    )
+                    await stream.send_all(reply)
                     if target == b"/close":
                         return
                     conn.start_next_cycle()
@@ -126,6 +139,26 @@ async def test_sequential_requests_share_one_connection(origin: Origin) -> None:
     assert headers[b"accept-encoding"] == b"identity"
     await client.aclose()
     await origin.wait_for(lambda: origin.open_now == 0)
+
+
+async def test_large_answers_are_read_in_large_reads(
+    origin: Origin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+    trio_read = TrioStream.read
+
+    async def read(self: TrioStream, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        asked.append(max_bytes)
+        return await trio_read(self, max_bytes, timeout)
+
+    monkeypatch.setattr(TrioStream, "read", read)
+    client = client_for(origin)
+    for target in ("/large", "/ok", "/large"):
+        response = await client.request(b"POST", target, [], b"{}")
+        assert response.content == (LARGE if target == "/large" else ANSWER)
+    assert origin.connections == 1  # nothing left over on the connection
+    assert set(asked) == {READ_BYTES}  # not httpcore's 64 KiB
+    await client.aclose()
 
 
 async def test_concurrent_requests_are_bounded_by_max_connections(origin: Origin) -> None:
