@@ -3,12 +3,12 @@ through a file in memory.
 
 A worker answer sent to a validation process as an argument is pickled
 through trio-parallel's pipe: 64 KiB at a time, each chunk a wake-up of both
-processes. A 0.71 MiB answer costs 3.1-3.5 ms of CPU (both processes) that
-way, 0.8 ms when it is written to a file on tmpfs (``/dev/shm``) and the
-process reads it back (`benches/handoff.py`). The result comes back the same
-way: its large buffers (the answer's id and logprob arrays, 240 KB for 30k
-tokens) are pickled out of band (protocol 5) into the same file, and only
-the rest travels through the pipe. `Handoff` owns one private directory for
+processes, and under load each chunk waits for the event loop to come round.
+Written to a file on tmpfs (``/dev/shm``) and read back by the process, a
+0.71 MiB answer costs 1-3 ms less CPU (`benches/handoff.py`). The result
+comes back the same way: its large buffers (the answer's id and logprob
+arrays, 240 KB for 30k tokens) are pickled out of band (protocol 5) into the
+same file, and only the rest travels through the pipe. `Handoff` owns one private directory for
 those files; at most one file per running job exists at a time, and each is
 removed as soon as its job is done. A process killed with SIGKILL leaves the
 directory behind (``rollout-session-*``, holding at most those files).
@@ -72,14 +72,15 @@ def call_with_file(path: str, fn: Callable[..., T], *args: object) -> FileReply[
     pickled = pickle.dumps(result, protocol=5, buffer_callback=buffers.append)
     if not buffers:
         return FileReply(pickled, ())
+    views = [buffer.raw() for buffer in buffers]
     try:
         with open(path, "wb") as file:
-            for buffer in buffers:
-                file.write(buffer.raw())
+            for view in views:
+                file.write(view)
     except OSError:
         # A full tmpfs, say: the whole result goes through the pipe.
         return FileReply(pickle.dumps(result, protocol=5), ())
-    return FileReply(pickled, tuple(buffer.raw().nbytes for buffer in buffers))
+    return FileReply(pickled, tuple(view.nbytes for view in views))
 
 
 class Handoff:
