@@ -140,10 +140,14 @@ def install_segment(directory: Path, number: int, tmp: Path) -> int:
     os.replace(tmp, final)
     fsync_dir(directory)
     append_fd = os.open(final, os.O_WRONLY | os.O_APPEND)
-    for n, path in segments(directory):
-        if n < number:
-            path.unlink()
-    fsync_dir(directory)
+    try:
+        for n, path in segments(directory):
+            if n < number:
+                path.unlink()
+        fsync_dir(directory)
+    except BaseException:
+        os.close(append_fd)  # the caller gets no fd to close
+        raise
     return append_fd
 
 

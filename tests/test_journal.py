@@ -347,6 +347,27 @@ async def test_compaction_races_with_new_events(tmp_path: Path) -> None:
     assert await replayed(tmp_path) == expected
 
 
+def test_install_segment_closes_its_fd_when_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / fmt.segment_name(1)).write_bytes(b"old")
+    tmp = tmp_path / "new.tmp"
+    tmp.write_bytes(b"new")
+    calls = []
+
+    def fsync_dir(directory: Path) -> None:
+        calls.append(directory)
+        if len(calls) == 2:  # after the rename, while dropping older segments
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(fmt, "fsync_dir", fsync_dir)
+    open_before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(OSError, match="Input/output"):
+        fmt.install_segment(tmp_path, 2, tmp)
+    assert set(os.listdir("/proc/self/fd")) == open_before
+    assert (tmp_path / fmt.segment_name(2)).read_bytes() == b"new"
+
+
 @pytest.mark.parametrize(
     ("policy", "at_answer", "later"),
     [("always", 1, 1), ("interval", 0, 1), ("never", 0, 0)],
