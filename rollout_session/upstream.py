@@ -67,21 +67,28 @@ _TRANSPORT_ERRORS = (
 
 
 # httpcore reads 64 KiB at a time: a 1.3 MiB answer is 21 reads, each a
-# task step of the loop plus h11 and httpcore bookkeeping. Reading what the
-# socket holds, up to 1 MiB, took 0.6 ms (logprobs) to 1.4 ms (routed
-# experts) of loop CPU off each P1 chat (docs/benchmarks.md). (The
-# `timeout` parameters below are httpcore's interface: noqa ASYNC109.)
+# task step of the loop plus h11 and httpcore bookkeeping. Once a read comes
+# back full, what follows is asked for up to 1 MiB at a time: 0.6 ms
+# (logprobs) to 1.4 ms (routed experts) less loop CPU per P1 chat
+# (docs/benchmarks.md). Not from the first read: a 1 MiB receive buffer is
+# mapped and unmapped per call, 27 us, which a small answer would pay for
+# nothing. (The `timeout` parameters below are httpcore's interface: noqa
+# ASYNC109.)
 READ_BYTES = 1 << 20
 
 
 class _LargeReadStream(httpcore.AsyncNetworkStream):
-    """A network stream whose reads ask for at least `READ_BYTES`."""
+    """A network stream that reads up to `READ_BYTES` while data keeps coming
+    in pieces at least as large as httpcore asks for."""
 
     def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
         self._stream = stream
+        self._large = False  # the last read was full: more is likely waiting
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
-        return await self._stream.read(max(max_bytes, READ_BYTES), timeout)
+        data = await self._stream.read(READ_BYTES if self._large else max_bytes, timeout)
+        self._large = len(data) >= max_bytes
+        return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
         await self._stream.write(buffer, timeout)
