@@ -155,56 +155,43 @@ async def agent(
     # The TLS context (unused: plain HTTP) is built once, not per client.
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with httpx.AsyncClient(timeout=900, limits=limits, verify=_TLS) as client:
-        await _agent_sessions(client, front, mode, variant, agent_id, rounds, turns, load)
-
-
-async def _agent_sessions(
-    client: httpx.AsyncClient,
-    front: str,
-    mode: str,
-    variant: Variant,
-    agent_id: int,
-    rounds: range,
-    turns: int,
-    load: Load,
-) -> None:
-    for r in rounds:
-        if mode == "server":
-            created = await client.post(f"{front}/sessions")
-            created.raise_for_status()
-            url = f"{front}{created.json()['base_url']}/chat/completions"
-        else:
-            url = f"{front}/v1/chat/completions"
-        messages: list[dict[str, Any]] = [
-            {"role": "user", "content": variant.first_message(agent_id, r)}
-        ]
-        forwarded = 0
-        for turn in range(turns):
-            body: dict[str, Any] = {
-                "messages": messages,
-                "max_tokens": variant.max_tokens,
-                "seed": agent_id * 1000 + r * 10 + turn,
-                **variant.extra,
-            }
-            if variant.routed and turn:
-                body["routed_experts_start_len"] = forwarded
-            started = time.perf_counter()
-            response = await client.post(
-                url, content=orjson.dumps(body), headers={"content-type": "application/json"}
-            )
-            load.latencies.append(time.perf_counter() - started)
-            load.chats += 1
-            load.bytes_in += len(response.content)
-            if response.status_code != 200:
-                load.errors.append(f"{response.status_code}: {response.content[:200]!r}")
-                break
-            answer = AGENT_ANSWER.decode(response.content)
-            forwarded = answer.usage.prompt_tokens + answer.usage.completion_tokens
-            messages = [
-                *messages,
-                {"role": "assistant", "content": answer.choices[0].message.content},
-                {"role": "user", "content": variant.follow_up(agent_id, r, turn)},
+        for r in rounds:
+            if mode == "server":
+                created = await client.post(f"{front}/sessions")
+                created.raise_for_status()
+                url = f"{front}{created.json()['base_url']}/chat/completions"
+            else:
+                url = f"{front}/v1/chat/completions"
+            messages: list[dict[str, Any]] = [
+                {"role": "user", "content": variant.first_message(agent_id, r)}
             ]
+            forwarded = 0
+            for turn in range(turns):
+                body: dict[str, Any] = {
+                    "messages": messages,
+                    "max_tokens": variant.max_tokens,
+                    "seed": agent_id * 1000 + r * 10 + turn,
+                    **variant.extra,
+                }
+                if variant.routed and turn:
+                    body["routed_experts_start_len"] = forwarded
+                started = time.perf_counter()
+                response = await client.post(
+                    url, content=orjson.dumps(body), headers={"content-type": "application/json"}
+                )
+                load.latencies.append(time.perf_counter() - started)
+                load.chats += 1
+                load.bytes_in += len(response.content)
+                if response.status_code != 200:
+                    load.errors.append(f"{response.status_code}: {response.content[:200]!r}")
+                    break
+                answer = AGENT_ANSWER.decode(response.content)
+                forwarded = answer.usage.prompt_tokens + answer.usage.completion_tokens
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": answer.choices[0].message.content},
+                    {"role": "user", "content": variant.follow_up(agent_id, r, turn)},
+                ]
 
 
 async def run_load(

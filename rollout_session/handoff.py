@@ -8,10 +8,11 @@ Written to a file on tmpfs (``/dev/shm``) and read back by the process, a
 0.71 MiB answer costs 1-3 ms less CPU (`benches/handoff.py`). The result
 comes back the same way: its large buffers (the answer's id and logprob
 arrays, 240 KB for 30k tokens) are pickled out of band (protocol 5) into the
-same file, and only the rest travels through the pipe. `Handoff` owns one private directory for
-those files; at most one file per running job exists at a time, and each is
-removed as soon as its job is done. A process killed with SIGKILL leaves the
-directory behind (``rollout-session-*``, holding at most those files).
+same file, and only the rest travels through the pipe. `Handoff` owns one
+private directory for those files; at most one file per running job exists
+at a time, and each is removed as soon as its job is done. A process killed
+with SIGKILL leaves the directory behind (``rollout-session-*``, holding at
+most those files).
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ _TRANSPORT_ERRORS = (
 
 # httpcore reads 64 KiB at a time: a 1.3 MiB answer is 21 reads, each a
 # task step of the loop plus h11 and httpcore bookkeeping. Once a read comes
-# back full, what follows is asked for up to 1 MiB at a time: 0.6 ms
-# (logprobs) to 1.4 ms (routed experts) less loop CPU per P1 chat
+# back full, what follows is asked for up to 1 MiB at a time: 1.0 ms
+# (logprobs) and 1.25 ms (routed experts) less loop CPU per P1 chat
 # (docs/benchmarks.md). Not from the first read: a 1 MiB receive buffer is
 # mapped and unmapped per call, 27 us, which a small answer would pay for
 # nothing. (The `timeout` parameters below are httpcore's interface: noqa
@@ -83,7 +83,7 @@ class _LargeReadStream(httpcore.AsyncNetworkStream):
 
     def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
         self._stream = stream
-        self._large = False  # the last read was full: more is likely waiting
+        self._large = False  # the last read was full-sized: more is likely waiting
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
         data = await self._stream.read(READ_BYTES if self._large else max_bytes, timeout)
