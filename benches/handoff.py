@@ -3,8 +3,7 @@
 One job at a time, a trio-parallel worker process runs the server's own
 `check_answer` on a logprobs answer shaped like P1's (``--entries`` 30k
 ``[logprob, id]`` entries with full-precision floats, 0.82 MiB; the result
-holds two 120 KB arrays),
-three ways:
+holds two 120 KB arrays), three ways:
 
 - ``pipe``: the answer as a pickled argument and the result back through
   trio-parallel's pipe (what the server did first);
