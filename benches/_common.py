@@ -53,7 +53,7 @@ def tokenizer_path() -> str:
 # -- child processes ------------------------------------------------------------
 
 
-def _proc_stats() -> dict[int, tuple[int, float]]:
+def proc_stats() -> dict[int, tuple[int, float]]:
     """pid -> (parent pid, CPU seconds) for every process visible in /proc."""
     out = {}
     for entry in Path("/proc").iterdir():
@@ -87,10 +87,11 @@ class Child:
     def pid(self) -> int:
         return self.process.pid
 
-    def cpu_s(self) -> float:
+    def cpu_s(self, stats: dict[int, tuple[int, float]] | None = None) -> float:
         """User + system CPU seconds so far of the process and its live
-        descendants (e.g. worker processes a server starts), all threads."""
-        stats = _proc_stats()
+        descendants (e.g. worker processes a server starts), all threads;
+        from `stats` (`proc_stats()`) when given."""
+        stats = proc_stats() if stats is None else stats
         tree, total = {self.pid}, 0.0
         for pid, (ppid, cpu) in sorted(stats.items()):
             if pid in tree or ppid in tree:
@@ -98,11 +99,12 @@ class Child:
                 total += cpu
         return total if self.pid in stats else math.nan
 
-    def main_cpu_s(self) -> float:
+    def main_cpu_s(self, stats: dict[int, tuple[int, float]] | None = None) -> float:
         """User + system CPU seconds so far of the process alone (all its
         threads; for the server: the event loop, without its validation
-        processes)."""
-        return _proc_stats().get(self.pid, (0, math.nan))[1]
+        processes); from `stats` (`proc_stats()`) when given."""
+        stats = proc_stats() if stats is None else stats
+        return stats.get(self.pid, (0, math.nan))[1]
 
     def memory_mib(self) -> tuple[float, float]:
         """(current RSS, peak RSS) in MiB."""
@@ -305,15 +307,21 @@ class Window:
         self._wall = time.perf_counter()
         self._machine = machine_busy_s()
         self._self = time.process_time()
-        self._children = [c.cpu_s() for c in self.ours]
-        self._mains = [c.main_cpu_s() for c in self.ours]
+        stats = proc_stats()  # one scan of /proc for every child
+        self._children = [c.cpu_s(stats) for c in self.ours]
+        self._mains = [c.main_cpu_s(stats) for c in self.ours]
 
     def finish(self) -> dict[str, float]:
         wall = time.perf_counter() - self._wall
         machine = machine_busy_s() - self._machine
         own = time.process_time() - self._self
-        kids = [c.cpu_s() - before for c, before in zip(self.ours, self._children, strict=True)]
-        mains = [c.main_cpu_s() - before for c, before in zip(self.ours, self._mains, strict=True)]
+        stats = proc_stats()
+        kids = [
+            c.cpu_s(stats) - before for c, before in zip(self.ours, self._children, strict=True)
+        ]
+        mains = [
+            c.main_cpu_s(stats) - before for c, before in zip(self.ours, self._mains, strict=True)
+        ]
         ours = own + sum(kids)
         return {
             "wall_s": wall,

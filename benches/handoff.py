@@ -26,13 +26,12 @@ import math
 import os
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
 import trio
 import trio_parallel
-from _common import table
+from _common import proc_stats, table
 
 from rollout_session.handoff import Handoff
 from rollout_session.validation import AnswerCheck, check_answer
@@ -62,25 +61,13 @@ def _answer(entries: int) -> bytes:
 
 
 def _cpu_s(pids: list[int]) -> float:
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+    stats = proc_stats()
+    return sum(stats[pid][1] for pid in pids)
 
 
 def _children() -> list[int]:
     me = os.getpid()
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError):
-            continue
-        if parent == me:
-            pids.append(int(stat.parent.name))
-    return pids
+    return [pid for pid, (parent, _) in proc_stats().items() if parent == me]
 
 
 async def main(args: argparse.Namespace) -> None:
