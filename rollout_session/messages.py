@@ -92,7 +92,8 @@ def _normalize(raw: Any, i: int) -> Message:
     if not isinstance(raw, dict):
         raise InvalidRequest(f"{where} must be an object", param=where)
     role = raw.get("role")
-    if role not in KNOWN_ROLES:
+    # A str check first: `in` on a frozenset hashes, and a list role does not.
+    if not isinstance(role, str) or role not in KNOWN_ROLES:
         raise InvalidRequest(
             f"{where}.role must be one of {sorted(KNOWN_ROLES)}, got {role!r}",
             param=f"{where}.role",
