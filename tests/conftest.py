@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from hypothesis import HealthCheck, settings
 from transformers import AutoTokenizer
 
 from rollout_session import Settings, create_app
@@ -28,6 +29,17 @@ from rollout_session.testing import (
     start_emulator,
 )
 from rollout_session.tokenization import ChatTokenizer
+
+# Property-test budgets: "ci" (the suite's) and "long" (`scripts/fuzz`). Here,
+# not in a test module: `--hypothesis-profile` is applied when pytest is
+# configured, after conftest files load and before test modules do.
+settings.register_profile(
+    "ci", max_examples=240, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.register_profile(
+    "long", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.load_profile("ci")
 
 TOOLS = [
     {

@@ -12,18 +12,10 @@ from typing import Any
 
 import httpx
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from .conftest import Stack
-
-settings.register_profile(
-    "ci", max_examples=240, deadline=None, suppress_health_check=list(HealthCheck)
-)
-settings.register_profile(
-    "long", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck)
-)
-settings.load_profile("ci")
 
 PROTECTED = "protected-session"
 OTHER = "other-session"
