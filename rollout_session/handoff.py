@@ -10,19 +10,25 @@ comes back the same way: its large buffers (the answer's id and logprob
 arrays, 240 KB for 30k tokens) are pickled out of band (protocol 5) into the
 same file, and only the rest travels through the pipe. `Handoff` owns one
 private directory for those files; at most one file per running job exists
-at a time, and each is removed as soon as its job is done. A process killed
-with SIGKILL leaves the directory behind (``rollout-session-*``, holding at
-most those files).
+at a time, and each is removed as soon as its job is done.
+
+The server holds an ``flock`` on its directory for as long as it lives, and
+the kernel drops it when the process dies, however it dies. A server that
+makes its directory removes the ones left by dead servers (SIGKILL, OOM
+kill): unlocked, named by this module, and untouched for `STALE_AFTER_S`.
+A lock works across containers that share the tmpfs, which a pid would not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import logging
 import os
 import pickle
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +37,7 @@ from typing import Generic, TypeVar, cast
 import trio
 import trio_parallel
 
-__all__ = ["FileReply", "Handoff", "call_with_file"]
+__all__ = ["PREFIX", "STALE_AFTER_S", "FileReply", "Handoff", "call_with_file", "sweep"]
 
 logger = logging.getLogger("rollout_session")
 
@@ -39,6 +45,13 @@ T = TypeVar("T")
 
 # tmpfs where there is one (Linux): the file never touches a disk.
 _SHARED_MEMORY = Path("/dev/shm")
+# Directories are named with this prefix. Older versions used
+# "rollout-session-" + 8 characters of [a-z0-9_], never this, so a sweep
+# never takes a live older server's (unlocked) directory for a dead one.
+PREFIX = "rollout-session-handoff-"
+# An unlocked directory is only removed once this old: a live server's new
+# directory is unlocked between mkdtemp and flock.
+STALE_AFTER_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,7 @@ class Handoff:
     def __init__(self, base: Path | None = None) -> None:
         self._base = base
         self.directory: Path | None = None
+        self._lock_fd: int | None = None  # flock held on `directory` while it exists
         self._names = itertools.count()
         self.files_written = 0
 
@@ -101,7 +115,14 @@ class Handoff:
             if base is None:
                 usable = _SHARED_MEMORY.is_dir() and os.access(_SHARED_MEMORY, os.W_OK)
                 base = _SHARED_MEMORY if usable else Path(tempfile.gettempdir())
-            self.directory = Path(tempfile.mkdtemp(prefix="rollout-session-", dir=base))
+            directory = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base))
+            try:
+                self._lock_fd = _lock(directory)
+            except OSError:
+                directory.rmdir()
+                raise
+            self.directory = directory
+            sweep(base)
         return self.directory
 
     async def run_sync(
@@ -145,11 +166,61 @@ class Handoff:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        if self.directory is None:
+        if self.directory is None or self._lock_fd is None:
             return
-        for leftover in self.directory.iterdir():
-            leftover.unlink(missing_ok=True)
-        self.directory.rmdir()
+        with contextlib.suppress(FileNotFoundError):  # a tmpfs cleaned under us
+            _remove(self.directory, self._lock_fd)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+
+def _lock(directory: Path) -> int:
+    """An fd of `directory` holding its exclusive flock; OSError if another
+    process holds it, or if `directory` is a symlink: in a world-writable
+    tmpfs anyone can plant one, and following it would empty its target."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _remove(directory: Path, fd: int) -> None:
+    """Empty the directory open as `fd` (relative to the fd: no path to
+    swap for a symlink meanwhile), then remove `directory`."""
+    for name in os.listdir(fd):
+        os.unlink(name, dir_fd=fd)
+    directory.rmdir()
+
+
+def sweep(base: Path) -> list[Path]:
+    """Remove the hand-off directories in `base` whose server is gone; return
+    them. One that is locked (its server lives), fresh, another user's, or
+    not a directory is left alone; no error escapes, it is housekeeping."""
+    removed: list[Path] = []
+    try:
+        candidates = list(base.glob(PREFIX + "*"))
+    except OSError:
+        return removed
+    for directory in candidates:
+        try:
+            fd = _lock(directory)
+        except OSError:  # locked, a symlink, not ours to open, or gone meanwhile
+            continue
+        try:
+            stat = os.fstat(fd)
+            if stat.st_uid == os.getuid() and time.time() - stat.st_mtime >= STALE_AFTER_S:
+                _remove(directory, fd)
+                removed.append(directory)
+        except OSError as exc:
+            logger.warning("stale hand-off directory %s not removed: %s", directory, exc)
+        finally:
+            os.close(fd)
+    if removed:
+        logger.info("removed %d hand-off directories of dead servers", len(removed))
+    return removed
 
 
 def _write(path: Path, data: bytes) -> None:

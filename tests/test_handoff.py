@@ -7,6 +7,11 @@ import errno
 import logging
 import math
 import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,7 @@ import pytest
 import trio
 import trio_parallel
 
-from rollout_session.handoff import Handoff, call_with_file
+from rollout_session.handoff import PREFIX, STALE_AFTER_S, Handoff, call_with_file, sweep
 from rollout_session.validation import AnswerCheck, check_answer
 
 
@@ -61,6 +66,7 @@ def test_unwritable_directory_falls_back_to_the_pipe(
         assert path is None
     assert "using the pipe" in caplog.text
     assert handoff.files_written == (0 if broken == "no-base" else 1)
+    handoff.close()  # a directory removed under it is not an error
 
 
 def test_default_directory_is_shared_memory_when_there_is_one() -> None:
@@ -71,9 +77,68 @@ def test_default_directory_is_shared_memory_when_there_is_one() -> None:
         assert handoff.directory is not None
         if os.access("/dev/shm", os.W_OK):
             assert handoff.directory.parent == Path("/dev/shm")
-        assert handoff.directory.name.startswith("rollout-session-")
+        assert handoff.directory.name.startswith(PREFIX)
     finally:
         handoff.close()
+
+
+_KILLED_MID_JOB = """
+import os, signal, sys
+from pathlib import Path
+from rollout_session.handoff import Handoff
+job = Handoff(Path(sys.argv[1])).file(b"answer")
+job.__enter__()  # a job's file is in the directory when the process dies
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _age(directory: Path) -> None:
+    old = time.time() - STALE_AFTER_S - 1
+    os.utime(directory, (old, old))
+
+
+def test_a_new_directory_sweeps_those_of_dead_servers(tmp_path: Path) -> None:
+    killed = subprocess.run([sys.executable, "-c", _KILLED_MID_JOB, str(tmp_path)], check=False)
+    assert killed.returncode == -signal.SIGKILL
+    (dead,) = tmp_path.iterdir()
+    assert [f.read_bytes() for f in dead.iterdir()] == [b"answer"]  # what SIGKILL leaves
+    live = Handoff(tmp_path)
+    with live.file(b"x"):
+        pass
+    fresh = Path(tempfile.mkdtemp(prefix=PREFIX, dir=tmp_path))  # not locked yet
+    older_version = tmp_path / "rollout-session-abcd1234"
+    older_version.mkdir()
+    assert live.directory is not None
+    for directory in (dead, live.directory, older_version):
+        _age(directory)
+
+    new = Handoff(tmp_path)
+    with new.file(b"y"):
+        pass
+    assert new.directory is not None
+    assert not dead.exists()
+    assert sorted(tmp_path.iterdir()) == sorted(
+        [live.directory, fresh, older_version, new.directory]
+    )
+    assert sweep(tmp_path) == []  # nothing else is stale
+    live.close()
+    _age(fresh)
+    assert sweep(tmp_path) == [fresh]
+    new.close()
+    assert list(tmp_path.iterdir()) == [older_version]
+
+
+def test_sweep_never_follows_a_planted_symlink(tmp_path: Path) -> None:
+    # /dev/shm is world-writable: anyone can name a link like our directories.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_bytes(b"k")
+    _age(victim)
+    base = tmp_path / "shm"
+    base.mkdir()
+    (base / f"{PREFIX}planted").symlink_to(victim)
+    assert sweep(base) == []
+    assert (victim / "keep").read_bytes() == b"k"
 
 
 def _arrays(data: bytes, n: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str]:
