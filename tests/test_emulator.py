@@ -23,8 +23,9 @@ from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.emulator_cli import add_arguments, config_from_args
 from rollout_session.testing.faults import FAULT_HEADER
-from rollout_session.testing.generation import SampleSpec, TextModel, routed_experts_blob
+from rollout_session.testing.generation import SampleSpec, TextModel
 from rollout_session.testing.prefix_cache import PrefixCache
+from rollout_session.testing.sglang_answer import routed_experts_blob
 
 # Aliased: pytest would collect a module-level name starting with "test_".
 from rollout_session.testing.tokenizer import builtin_template

@@ -34,16 +34,10 @@ from rollout_session.testing.faults import (
     early_fault_reply,
     fault_reply,
 )
-from rollout_session.testing.generation import (
-    SampleSpec,
-    TextModel,
-    chat_response,
-    choose_tool,
-    derive_seed,
-    routed_experts_blob,
-)
+from rollout_session.testing.generation import SampleSpec, TextModel, choose_tool, derive_seed
 from rollout_session.testing.gpu import GpuModel
 from rollout_session.testing.prefix_cache import PrefixCache
+from rollout_session.testing.sglang_answer import chat_response, routed_experts_blob
 from rollout_session.testing.tokenizer import bundled_tokenizer_path
 
 __all__ = ["ChatRecord", "Emulator", "EmulatorConfig"]
