@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import ssl
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from _common import (
     WORDS,
     Child,
     Window,
+    agent_client,
     bench_command,
     bench_parser,
     child,
@@ -136,9 +136,6 @@ class Load:
     chats: int = 0
 
 
-_TLS = ssl.create_default_context()
-
-
 async def agent(
     front: str,
     mode: str,
@@ -148,13 +145,7 @@ async def agent(
     turns: int,
     load: Load,
 ) -> None:
-    # One connection per agent, as separate agent processes would have: a
-    # shared httpx pool scans all its connections on every request, which
-    # cost this process 7-15 ms of CPU per chat at K=64 (more in server runs,
-    # which also create sessions) on cores it shares with what is measured.
-    # The TLS context (unused: plain HTTP) is built once, not per client.
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    async with httpx.AsyncClient(timeout=900, limits=limits, verify=_TLS) as client:
+    async with agent_client(timeout=900) as client:
         for r in rounds:
             if mode == "server":
                 created = await client.post(f"{front}/sessions")

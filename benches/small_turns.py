@@ -58,6 +58,7 @@ from _common import (
     WORDS,
     Child,
     Window,
+    agent_client,
     bench_command,
     bench_parser,
     child,
@@ -128,11 +129,12 @@ async def conversation(
             "max_tokens": args.completion_tokens,
             "seed": index,
         }
+        # What the server would send: the same work for the emulator. Built
+        # on every path, used on two: at 4+ sessions this process's CPU
+        # delays every agent's reading of its answer, so all paths pay it.
+        input_ids = _tokenizer().first_turn(messages, tools=None, kwargs={})
         if mode in ("direct-ids", "raw-ids"):
-            # What the server would send: the same work for the emulator.
-            request |= _FORCED | {
-                "input_ids": _tokenizer().first_turn(messages, tools=None, kwargs={})
-            }
+            request |= _FORCED | {"input_ids": input_ids}
         body = orjson.dumps(request)
         started = time.perf_counter()
         response = await client.post(
@@ -157,20 +159,17 @@ async def run_once(front: str, mode: str, concurrency: int, args: argparse.Names
     run = Run()
     sessions = max(1, args.chats // args.turns)
     counter = itertools.count()
-    limits = httpx.Limits(
-        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
-    )
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
 
-        async def agent() -> None:
+    async def agent() -> None:
+        async with agent_client(timeout=300) as client:
             for index in counter:
                 if index >= sessions:
                     return
                 await conversation(client, front, mode, index, args, run)
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(concurrency):
-                nursery.start_soon(agent)
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(agent)
     return run
 
 
