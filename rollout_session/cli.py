@@ -186,6 +186,10 @@ async def _start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Sett
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # transformers is used for tokenizers and chat templates only; its advice
+    # that models need PyTorch would be the first line of every start.
+    # Its warnings proper still show.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from . import bulk_export
     from .testing import emulator_cli
 
