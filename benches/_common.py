@@ -417,8 +417,6 @@ def write_json(path: Path | None, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1, default=float))
 
 
-# One token each (with or without a leading space) in the bundled tokenizer:
-# filler text whose token count is its word count.
 # Built once: httpx builds one per client otherwise (unused here, plain HTTP),
 # which cost the P1 load generator 27 % of its CPU with a client per agent.
 _TLS = ssl.create_default_context()
@@ -433,6 +431,8 @@ def agent_client(timeout: float) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=timeout, limits=limits, verify=_TLS)
 
 
+# One token each (with or without a leading space) in the bundled tokenizer:
+# filler text whose token count is its word count.
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma", "model", "data")
 
 
