@@ -17,7 +17,7 @@ glibc ``malloc_trim(0)``, so free heap left by start-up is not counted as reuse)
 divided by the stored tokens, next to the token arrays' own bytes (used and
 allocated) and a deep size of what else a session holds (messages, turn
 records). Baseline in the same run: the same tokens kept as Python lists
-(what DESIGN §5 rules out), for ``--baseline-sessions`` sessions.
+(what docs/api.md#history-rules rules out), for ``--baseline-sessions`` sessions.
 
     python benches/memory.py                          # 10k x 4k
     python benches/memory.py --sessions 1000 --tokens 4096
@@ -49,12 +49,12 @@ from _common import (
 )
 from tito_cost import TOOLS, tool_result, upstream_payload
 
-from rollout_session import Settings, create_app
-from rollout_session.app import server_context
+from rollout_session import Settings
 from rollout_session.protocol import parse_chat_request
-from rollout_session.tokenization import load_tokenizer
+from rollout_session.sessions import SessionRegistry
+from rollout_session.tokenization import ChatTokenizer, load_tokenizer
 from rollout_session.turn_commit import commit_turn
-from rollout_session.turns import plan_turn
+from rollout_session.turns import TurnPolicy, plan_turn
 from rollout_session.upstream import UpstreamReply
 from rollout_session.validation import parse_worker_answer
 
@@ -122,11 +122,10 @@ class Recorded:
 
 
 async def prototype(
-    emulator_url: str, ctx: Any, tokens: int, words: int
+    emulator_url: str, tokenizer: ChatTokenizer, policy: TurnPolicy, tokens: int, words: int
 ) -> tuple[list[Recorded], Any]:
     """Run one real conversation until it stores `tokens` tokens."""
-    session = ctx.registry.create()
-    tokenizer = ctx.ready_tokenizer
+    session = SessionRegistry().create()
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a careful coding agent. " * 20},
         {"role": "user", "content": "Find out why the build fails and fix it."},
@@ -140,7 +139,7 @@ async def prototype(
                 {"messages": messages, "tools": TOOLS, "tool_choice": "required", "seed": turn}
             )
             request = parse_chat_request(body)
-            plan = plan_turn(session, request, ctx.ready_tokenizer, ctx.policy)
+            plan = plan_turn(session, request, tokenizer, policy)
             response = await client.post(
                 f"{emulator_url}/v1/chat/completions",
                 content=upstream_payload(request, plan),
@@ -173,15 +172,22 @@ async def prototype(
     return turns, session
 
 
-def build(ctx: Any, recorded: list[Recorded], sessions: int, replan: bool) -> list[Any]:
-    vocab = ctx.ready_tokenizer.vocab_size
+def build(
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+    recorded: list[Recorded],
+    sessions: int,
+    replan: bool,
+) -> list[Any]:
+    vocab = tokenizer.vocab_size
+    registry = SessionRegistry()
     built = []
     for _ in range(sessions):
-        session = ctx.registry.create()
+        session = registry.create()
         for rec in recorded:
             request = parse_chat_request(rec.body)
             if replan:
-                plan = plan_turn(session, request, ctx.ready_tokenizer, ctx.policy)
+                plan = plan_turn(session, request, tokenizer, policy)
             else:
                 plan = dataclasses.replace(rec.plan, messages=request.messages, tools=request.tools)
             answer = parse_worker_answer(
@@ -199,17 +205,18 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{load_average()}; {args.sessions} sessions x >= {args.tokens} tokens")
     tokenizer = load_tokenizer(tokenizer_path())
     async with child("emulator", emulator_command("--record-limit", "0")) as emulator:
-        settings = Settings(workers=(emulator.url,), tokenizer=tokenizer_path())
-        ctx = server_context(create_app(settings, tokenizer=tokenizer))
-        recorded, proto = await prototype(emulator.url, ctx, args.tokens, args.tool_result_words)
+        policy = TurnPolicy.of(Settings(workers=(emulator.url,)))
+        recorded, proto = await prototype(
+            emulator.url, tokenizer, policy, args.tokens, args.tool_result_words
+        )
     per_session = len(proto.trajectory)
     print(f"prototype: {len(recorded)} turns, {per_session} tokens per session")
-    ctx.registry.remove(proto)
+    del proto
 
     gc.collect()
     before = rss_bytes()
     started = time.perf_counter()
-    sessions = build(ctx, recorded, args.sessions, args.replan)
+    sessions = build(tokenizer, policy, recorded, args.sessions, args.replan)
     build_s = time.perf_counter() - started
     gc.collect()
     after = rss_bytes()

@@ -50,13 +50,13 @@ from _common import (
     write_json,
 )
 
-from rollout_session import Settings, create_app
-from rollout_session.app import server_context
+from rollout_session import Settings
 from rollout_session.messages import common_prefix
 from rollout_session.protocol import parse_chat_request
+from rollout_session.sessions import SessionRegistry
 from rollout_session.tokenization import load_tokenizer
 from rollout_session.turn_commit import commit_turn
-from rollout_session.turns import plan_turn, upstream_body
+from rollout_session.turns import TurnPolicy, plan_turn, upstream_body
 from rollout_session.upstream import UpstreamReply
 from rollout_session.validation import parse_worker_answer
 
@@ -110,15 +110,9 @@ async def main(args: argparse.Namespace) -> None:
     if args.chat_template:
         emulator_flags += ["--chat-template", args.chat_template]
     async with child("emulator", emulator_command(*emulator_flags)) as emulator:
-        settings = Settings(
-            workers=(emulator.url,),
-            tokenizer=tokenizer_path(),
-            chat_template=args.chat_template,
-            context_length=args.context_length,
-        )
         tokenizer = load_tokenizer(tokenizer_path(), args.chat_template)
-        ctx = server_context(create_app(settings, tokenizer=tokenizer))
-        session = ctx.registry.create()
+        policy = TurnPolicy.of(Settings(workers=(emulator.url,)))
+        session = SessionRegistry().create()
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a careful coding agent. " * 20},
             {"role": "user", "content": "Find out why the build fails and fix it."},
@@ -136,7 +130,7 @@ async def main(args: argparse.Namespace) -> None:
                     }
                 )
                 request = parse_chat_request(body)
-                plan = plan_turn(session, request, ctx.ready_tokenizer, ctx.policy)
+                plan = plan_turn(session, request, tokenizer, policy)
                 history = len(session.trajectory)
                 row: dict[str, Any] = {
                     "turn": turn,
@@ -148,7 +142,7 @@ async def main(args: argparse.Namespace) -> None:
                 row["parse ms"] = ms(median_time(partial(parse_chat_request, body), args.repeats))
                 row["plan ms"] = ms(
                     median_time(
-                        partial(plan_turn, session, request, ctx.ready_tokenizer, ctx.policy),
+                        partial(plan_turn, session, request, tokenizer, policy),
                         args.repeats,
                     )
                 )

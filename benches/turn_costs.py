@@ -45,13 +45,13 @@ from _common import (
 )
 from tito_cost import upstream_payload
 
-from rollout_session import Settings, create_app
-from rollout_session.app import server_context
+from rollout_session import Settings
 from rollout_session.export import export_document, serialize
 from rollout_session.protocol import parse_chat_request
+from rollout_session.sessions import SessionRegistry
 from rollout_session.tokenization import load_tokenizer
 from rollout_session.turn_commit import commit_turn
-from rollout_session.turns import plan_turn
+from rollout_session.turns import TurnPolicy, plan_turn
 from rollout_session.upstream import UpstreamReply
 from rollout_session.validation import LOGPROB_EPSILON, answer_decoder, parse_worker_answer
 
@@ -120,14 +120,13 @@ async def main(args: argparse.Namespace) -> None:
         child("emulator", emulator_command(*flags, "--record-limit", "0")) as emulator,
         httpx.AsyncClient(timeout=300) as client,
     ):
-        settings = Settings(workers=(emulator.url,), tokenizer=tokenizer_path())
-        ctx = server_context(create_app(settings, tokenizer=tokenizer))
-        session = ctx.registry.create()
+        policy = TurnPolicy.of(Settings(workers=(emulator.url,)))
+        session = SessionRegistry().create()
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a long essay."}]
         for turn in range(2):
             body = orjson.dumps({"messages": messages, "max_tokens": args.completion_tokens})
             request = parse_chat_request(body)
-            plan = plan_turn(session, request, ctx.ready_tokenizer, ctx.policy)
+            plan = plan_turn(session, request, tokenizer, policy)
             payload = upstream_payload(request, plan)
             response = await client.post(
                 f"{emulator.url}/v1/chat/completions",
@@ -143,7 +142,7 @@ async def main(args: argparse.Namespace) -> None:
                 row(
                     "parse_chat_request", median_ms(partial(parse_chat_request, body), args.repeats)
                 )
-                plan_call = partial(plan_turn, session, request, ctx.ready_tokenizer, ctx.policy)
+                plan_call = partial(plan_turn, session, request, tokenizer, policy)
                 row("plan_turn", median_ms(plan_call, args.repeats))
                 row(
                     "upstream_body",

@@ -1,6 +1,6 @@
 """The Quart-Trio application: `create_app(settings)`.
 
-The app owns everything (session store, worker pool, tokenizer, CPU limiter)
+The app owns everything (session store, worker pool, tokenizer, turn runner)
 via one `ServerContext` stored in ``app.extensions["rollout_session"]``.
 Every request meets the HTTP edge first (`http_edge.HttpEdge`, wrapped around
 Quart's ASGI callable): the API key, the body, unknown routes and methods,
@@ -19,6 +19,7 @@ from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
 
 from .admin import register_admin_routes
+from .answer_validator import AnswerValidator
 from .chat_route import chat_route
 from .config import Settings
 from .context import ServerContext
@@ -27,11 +28,15 @@ from .http_edge import HttpEdge, error_response
 from .inspector import is_public_path, register_inspector_routes
 from .lifecycle import PauseGate, reap_forever
 from .metrics import Metrics
+from .offload import Offload
 from .prompt.check import Outcome, check_template, startup_problems
 from .routes import register_routes
+from .served_model import ServedModel
 from .session_store import SessionStore
 from .sessions import SessionRegistry
 from .tokenization import ChatTokenizer, load_tokenizer
+from .turn_plan import TurnPolicy
+from .turns import TurnRunner
 from .workers import WorkerPool
 
 __all__ = ["create_app", "server_context"]
@@ -68,14 +73,22 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     pool = WorkerPool(settings)
     for url in settings.workers:
         pool.add(url)
+    offload = Offload(
+        threshold_bytes=settings.offload_threshold_bytes, threads=settings.cpu_threads
+    )
     ctx = ServerContext(
         settings=settings,
         store=SessionStore(SessionRegistry(max_sessions=settings.max_sessions), pool),
         pool=pool,
-        cpu_limiter=trio.CapacityLimiter(settings.cpu_threads),
-        process_limiter=trio.CapacityLimiter(max(1, settings.parse_processes)),
+        offload=offload,
+        validator=AnswerValidator(
+            offload,
+            processes=settings.parse_processes,
+            process_threshold_bytes=settings.process_threshold_bytes,
+        ),
         pause=PauseGate(settings.pause_wait_s),
         metrics=Metrics(lambda: ctx),
+        model=ServedModel(settings.context_length),
         tokenizer=tokenizer,
     )
     app.extensions[_EXTENSION] = ctx
@@ -95,9 +108,19 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
             await app.nursery.start(ctx.store.run_journal)
             logger.info("journal %s: restored %d sessions", settings.journal, len(restored))
         await app.nursery.start(ctx.pool.run)
-        await app.nursery.start(ctx.run_processes)
+        await app.nursery.start(ctx.validator.run)
         app.nursery.start_soon(reap_forever, ctx)
-        await _load_model(ctx)
+        ctx.turns = TurnRunner(
+            store=ctx.store,
+            pause=ctx.pause,
+            pool=ctx.pool,
+            validator=ctx.validator,
+            offload=ctx.offload,
+            metrics=ctx.metrics,
+            tokenizer=await _load_model(ctx),
+            model=ctx.model,
+            policy=TurnPolicy.of(settings),
+        )
 
     @app.after_serving
     async def shutdown() -> None:
@@ -127,7 +150,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     return app
 
 
-async def _load_model(ctx: ServerContext) -> None:
+async def _load_model(ctx: ServerContext) -> ChatTokenizer:
     """Learn the served model and load the tokenizer before taking requests.
 
     Without --tokenizer the worker must answer (it names its tokenizer); with
@@ -135,13 +158,14 @@ async def _load_model(ctx: ServerContext) -> None:
     """
     settings = ctx.settings
     try:
-        ctx.model_info = await ctx.pool.model_info()
+        ctx.model.info = await ctx.pool.model_info()
     except (UpstreamError, NoHealthyWorker):
         if settings.tokenizer is None and ctx.tokenizer is None:
             raise
         logger.warning("worker model info unavailable at startup; continuing with --tokenizer")
     if ctx.tokenizer is None:
-        path = settings.tokenizer or (ctx.model_info.tokenizer_path if ctx.model_info else None)
+        info = ctx.model.info
+        path = settings.tokenizer or (info.tokenizer_path if info else None)
         if not path:
             raise RuntimeError("the worker reports no tokenizer_path; pass --tokenizer")
         try:
@@ -152,11 +176,12 @@ async def _load_model(ctx: ServerContext) -> None:
             raise RuntimeError(f"cannot load tokenizer {path!r} ({exc}); pass --tokenizer") from exc
         logger.info(
             "serving %s with tokenizer %s (vocab %d)",
-            ctx.model_info.model if ctx.model_info else "unknown model",
+            ctx.model.name or "unknown model",
             path,
             ctx.tokenizer.vocab_size,
         )
     await _check_template(ctx.tokenizer, settings)
+    return ctx.tokenizer
 
 
 async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> None:

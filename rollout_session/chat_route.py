@@ -13,7 +13,6 @@ from __future__ import annotations
 from .context import ServerContext
 from .http_edge import FastRoute, Headers, RawResponse
 from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS, sse_body
-from .turns import run_turn
 
 __all__ = ["chat_route", "chat_session_id"]
 
@@ -39,14 +38,14 @@ def chat_route(ctx: ServerContext) -> FastRoute:
     """The chat route for the edge, bound to `ctx`."""
 
     async def handle(session_id: str, body: bytes) -> RawResponse:
-        # The turn is committed and its slot released when run_turn returns:
+        # The turn is committed and its slot released when `run` returns:
         # an agent that goes away while the answer is sent loses nothing.
-        outcome = await run_turn(ctx, session_id, body)
+        outcome = await ctx.turn_runner.run(session_id, body)
         reply = outcome.reply
         # Errors (ours, raised above, or the worker's non-200) stay JSON with
         # their status, streaming or not, so SDKs raise the typed exception.
         if reply.status == 200 and outcome.stream is not None:
-            events = await ctx.offload(len(reply.body), sse_body, reply.body, outcome.stream)
+            events = await ctx.offload.run(len(reply.body), sse_body, reply.body, outcome.stream)
             return RawResponse(200, list(_SSE_HEADERS), events)
         content_type = next((v for k, v in reply.headers if k == b"content-type"), _JSON)
         headers = [(k, v) for k, v in reply.headers if k != b"content-type"]

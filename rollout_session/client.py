@@ -2,9 +2,10 @@
 
 `SessionClient` is async and works under asyncio and trio alike (httpx and
 anyio support both). With several session servers it shards sessions by id
-(DESIGN §10): ids are generated client-side, and rendezvous hashing maps each
-id to one server, so any client process with the same server list finds a
-session without asking anyone, and adding a server moves only ~1/N of them.
+(docs/deploy.md#more-than-one-session-server): ids are generated
+client-side, and rendezvous hashing maps each id to one server, so any
+client process with the same server list finds a session without asking
+anyone, and adding a server moves only ~1/N of them.
 
 Retries are idempotent by construction: a create is retried with the same id
 (a 409 ``session_exists`` after a lost answer means the first try worked); a

@@ -155,7 +155,7 @@ class Conversation:
         return self._of(self._records[:keep] + tuple(_record(m) for m in new))
 
     def common_prefix(self, incoming: Sequence[Message]) -> int:
-        """Number of leading messages shared with `incoming` (DESIGN §5 rules)."""
+        """Number of leading messages shared with `incoming` (docs/api.md#history-rules)."""
         n = 0
         for record, message in zip(self._records, incoming, strict=False):
             if not _same(record, message):

@@ -1,7 +1,7 @@
 """The error tree: every error an HTTP client of the server can see.
 
 Like httpx's ``_exceptions``: one base class, one subclass per failure, each
-carrying its HTTP ``status_code`` and its stable ``code`` (DESIGN §3). The HTTP
+carrying its HTTP ``status_code`` and its stable ``code`` (docs/api.md#errors). The HTTP
 edge (`http_edge.error_response`) turns any of them into the OpenAI error body
 ``{"error": {"message", "type", "code", "param"}}`` so the official SDK raises
 the matching exception with our message.

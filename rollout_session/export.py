@@ -1,4 +1,5 @@
-"""What the trainer gets: the export document (DESIGN §6) and the sample view.
+"""What the trainer gets: the export document and the sample view
+(docs/training.md#the-export-document-schema_version-1).
 
 `export_document` runs on the event loop and builds the token arrays afresh
 from the trajectory's chunks (a memcpy of ~4 bytes per token, plus the

@@ -209,7 +209,7 @@ def register_inspector_routes(app: QuartTrio, ctx: ServerContext) -> None:
         turns = [
             (t.prompt_start, t.completion_start, t.completion_end) for t in session.trajectory.turns
         ]
-        doc = await ctx.offload(
+        doc = await ctx.offload.run(
             len(committed) * 20,
             template_diff,
             ctx.ready_tokenizer,

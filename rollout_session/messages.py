@@ -5,7 +5,7 @@ to a string). A later request must start with that conversation; `match`
 compares on what changes what the model saw — ``role``, ``content``,
 ``tool_calls`` (function name + parsed JSON arguments; ids and key order are
 ignored) and ``reasoning_content`` only when the request carries it —
-treating ``None``, ``""`` and ``[]`` as equal (DESIGN §5).
+treating ``None``, ``""`` and ``[]`` as equal (docs/api.md#history-rules).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HTTP routes (DESIGN §3): thin adapters from Quart requests to the context.
+"""HTTP routes (docs/api.md#errors): thin adapters from Quart requests to the context.
 
 Handlers parse the request, call into sessions/turns/export and build the
 response; they hold no state of their own. The HTTP edge (`http_edge`) has
@@ -32,7 +32,7 @@ def json_response(data: Any, status: int = 200) -> Response:
 
 async def document_response(ctx: ServerContext, doc: dict[str, Any], num_tokens: int) -> Response:
     # ~20 bytes of JSON per token: decide on the thread hop by that size.
-    body = await ctx.offload(num_tokens * 20, serialize, doc)
+    body = await ctx.offload.run(num_tokens * 20, serialize, doc)
     return Response(body, content_type="application/json")
 
 
@@ -144,11 +144,10 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.get("/sessions/<session_id>/v1/models")
     async def list_models(session_id: str) -> Response:
         registry.get(session_id)
-        info = ctx.model_info
+        info = ctx.model.info
         if info is None:
-            # Startup could not reach the worker; ask now and keep the answer
-            # (the served model does not change under a running server).
-            info = ctx.model_info = await ctx.pool.model_info()
+            # Startup could not reach the worker; ask now and keep the answer.
+            info = ctx.model.info = await ctx.pool.model_info()
         return json_response(
             {
                 "object": "list",
@@ -158,7 +157,7 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
                         "object": "model",
                         "created": int(time.time()),
                         "owned_by": "rollout-session",
-                        "max_model_len": ctx.context_length,
+                        "max_model_len": ctx.model.context_length,
                     }
                 ],
             }

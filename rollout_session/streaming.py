@@ -1,7 +1,8 @@
 """OpenAI server-sent events for ``stream: true`` turns, built after the fact.
 
 A streamed turn is still generated non-streaming (its token ids and logprobs
-must be exact) and committed like any other (DESIGN §4.1). This module owns
+must be exact) and committed like any other
+(docs/architecture.md#one-turn-hop-by-hop). This module owns
 what the agent then receives: the worker's complete answer turned into the
 chunk sequence an OpenAI server streams — a role chunk, ``reasoning_content``
 and ``content`` pieces, tool calls as ``delta.tool_calls`` (id, type and name

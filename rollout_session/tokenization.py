@@ -1,6 +1,6 @@
 """Tokenizer and chat template: turning messages into the ids the model reads.
 
-Token-in/token-out (DESIGN §5). The first turn renders the chat template over
+Token-in/token-out (docs/api.md#history-rules). The first turn renders the chat template over
 the whole request. Later turns never re-render history: the appended messages
 are rendered after a fixed synthetic context — a user message, then an
 assistant message whose content is a sentinel and whose tool calls are the

@@ -1,4 +1,4 @@
-"""Planning a turn: extension or rollback, and the prompt ids (DESIGN §5).
+"""Planning a turn: extension or rollback, and the prompt ids (docs/api.md#history-rules).
 
 `plan_turn` is pure: it reads the session and the request and returns what
 the turn will commit if the worker answers well, touching nothing else. It
@@ -28,16 +28,25 @@ __all__ = ["TurnPolicy", "plan_turn"]
 
 @dataclass(frozen=True, slots=True)
 class TurnPolicy:
-    """The settings a turn's plan follows."""
+    """The settings a turn follows, fixed for the app. `plan_turn` reads the
+    first three; the turn runner the rest."""
 
     append_roles: frozenset[str]  # roles an agent may append after an answer
     max_rollback_turns: int  # turns a divergent request may drop
     chat_template_kwargs: Mapping[str, Any]  # defaults under each request's own
+    max_session_tokens: int | None = None  # prompt + max_tokens cap per session
+    session_cache: bool = False  # send SGLang the session id (--sglang-session-cache)
+    routed_experts: bool = False  # ask for and store routed experts (R3)
 
     @classmethod
     def of(cls, settings: Settings) -> TurnPolicy:
         return cls(
-            settings.append_roles, settings.max_rollback_turns, settings.chat_template_kwargs
+            append_roles=settings.append_roles,
+            max_rollback_turns=settings.max_rollback_turns,
+            chat_template_kwargs=settings.chat_template_kwargs,
+            max_session_tokens=settings.max_session_tokens,
+            session_cache=settings.sglang_session_cache,
+            routed_experts=settings.routed_experts,
         )
 
 

@@ -1,4 +1,4 @@
-"""One agent turn, end to end (DESIGN §4.1).
+"""One agent turn, end to end: `TurnRunner`.
 
 claim → parse → plan the prompt → forward to the worker → validate →
 commit → answer, with the slot released on every path. Planning reads the
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import orjson
 import trio
 
-from .context import ServerContext
+from .answer_validator import AnswerValidator
 from .errors import (
     ContextLengthExceeded,
     RolloutSessionError,
@@ -26,16 +26,24 @@ from .errors import (
     SessionClosing,
     UpstreamMalformed,
 )
+from .lifecycle import PauseGate
+from .metrics import Metrics
+from .offload import Offload
 from .protocol import ChatRequest, StreamMode, parse_chat_request
+from .served_model import ServedModel
+from .session_store import SessionStore
 from .sessions import Session, TurnSlot
+from .tokenization import ChatTokenizer
 from .turn_commit import TurnPlan
 from .turn_plan import TurnPolicy, plan_turn
 from .upstream import UpstreamReply
-from .validation import AnswerCheck, check_answer, decode_cost
+from .validation import AnswerCheck
+from .workers import WorkerPool
 
-__all__ = ["TurnOutcome", "TurnPolicy", "plan_turn", "run_turn", "upstream_body"]
+__all__ = ["TurnOutcome", "TurnPolicy", "TurnRunner", "plan_turn", "upstream_body"]
 
-# Fields the server owns in the upstream request (DESIGN §4.1 step 4).
+# Fields the server owns in the upstream request: what it needs back to keep
+# the trajectory exact (docs/api.md#what-the-worker-is-sent).
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
 _DROPPED = (
     "stream_options",
@@ -83,89 +91,97 @@ class TurnOutcome:
     stream: StreamMode | None  # how the agent wants it: SSE, or None for JSON
 
 
-async def run_turn(ctx: ServerContext, session_id: str, body: bytes) -> TurnOutcome:
-    """Run one turn; the slot is released and the turn committed on return."""
-    started = time.perf_counter()
-    metrics = ctx.metrics
-    try:
-        outcome = await _admitted_turn(ctx, session_id, body)
-    except RolloutSessionError as exc:
-        metrics.turns.labels("error", exc.code).inc()
-        if isinstance(exc, SessionBusy):
-            metrics.busy.inc()
-        elif isinstance(exc, UpstreamMalformed):
-            metrics.validation_failures.labels(exc.kind).inc()
-        raise
-    except trio.Cancelled:
-        metrics.turns.labels("cancelled", "cancelled").inc()
-        raise
-    reply = outcome.reply
-    if reply.status != 200:
-        metrics.turns.labels("worker_error", str(reply.status)).inc()
-        return outcome
-    metrics.turns.labels("ok", "ok").inc()
-    metrics.upstream_latency.observe(reply.latency_s)
-    metrics.overhead.observe(max(time.perf_counter() - started - reply.latency_s, 0.0))
-    return outcome
+@dataclass(frozen=True, slots=True)
+class TurnRunner:
+    """Runs turns with exactly what a turn touches; built once the tokenizer
+    is loaded (start-up)."""
 
+    store: SessionStore  # claims and commits (the journal's gate)
+    pause: PauseGate  # new turns wait while paused
+    pool: WorkerPool  # the session's sticky worker
+    validator: AnswerValidator  # checks every worker answer
+    offload: Offload  # parse and plan off the loop when large
+    metrics: Metrics
+    tokenizer: ChatTokenizer
+    model: ServedModel  # name sent upstream, context length
+    policy: TurnPolicy
 
-async def _admitted_turn(ctx: ServerContext, session_id: str, body: bytes) -> TurnOutcome:
-    store = ctx.store
-    session = store.registry.get(session_id)
-    async with ctx.pause.turn():
-        slot = store.claim(session)
+    async def run(self, session_id: str, body: bytes) -> TurnOutcome:
+        """Run one turn; the slot is released and the turn committed on return."""
+        started = time.perf_counter()
+        metrics = self.metrics
         try:
-            with slot.cancel_scope:
-                return await _turn(ctx, session, slot, body)
-            # Only a close (DELETE, expiry) cancels the slot's scope; it wins.
-            raise SessionClosing(f"session {session.id} was closed during the turn")
-        finally:
-            session.release(slot, store.clock())
+            outcome = await self._admitted(session_id, body)
+        except RolloutSessionError as exc:
+            metrics.turns.labels("error", exc.code).inc()
+            if isinstance(exc, SessionBusy):
+                metrics.busy.inc()
+            elif isinstance(exc, UpstreamMalformed):
+                metrics.validation_failures.labels(exc.kind).inc()
+            raise
+        except trio.Cancelled:
+            metrics.turns.labels("cancelled", "cancelled").inc()
+            raise
+        reply = outcome.reply
+        if reply.status != 200:
+            metrics.turns.labels("worker_error", str(reply.status)).inc()
+            return outcome
+        metrics.turns.labels("ok", "ok").inc()
+        metrics.upstream_latency.observe(reply.latency_s)
+        metrics.overhead.observe(max(time.perf_counter() - started - reply.latency_s, 0.0))
+        return outcome
 
+    async def _admitted(self, session_id: str, body: bytes) -> TurnOutcome:
+        store = self.store
+        session = store.registry.get(session_id)
+        async with self.pause.turn():
+            slot = store.claim(session)
+            try:
+                with slot.cancel_scope:
+                    return await self._turn(session, slot, body)
+                # Only a close (DELETE, expiry) cancels the slot's scope; it wins.
+                raise SessionClosing(f"session {session.id} was closed during the turn")
+            finally:
+                session.release(slot, store.clock())
 
-async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: bytes) -> TurnOutcome:
-    request = await ctx.offload(len(body), parse_chat_request, body)
-    plan = await ctx.offload(
-        len(body), plan_turn, session, request, ctx.ready_tokenizer, ctx.policy
-    )
-    wanted = len(plan.input_ids) + (request.max_tokens or 0)
-    for limit, what in (
-        (ctx.context_length, "the model's context"),
-        (ctx.settings.max_session_tokens, "the session token cap (--max-session-tokens)"),
-    ):
-        if limit is not None and wanted > limit:
-            raise ContextLengthExceeded(
-                f"prompt of {len(plan.input_ids)} tokens + max_tokens "
-                f"{request.max_tokens or 0} exceeds {what} of {limit} tokens",
-                param="messages",
-            )
-    model = ctx.model_info.model if ctx.model_info else None
-    session_hint = session.id if ctx.settings.sglang_session_cache else None
-    payload = upstream_body(
-        request,
-        plan,
-        model,
-        session_hint=session_hint,
-        routed_experts=ctx.settings.routed_experts,
-    )
-    reply = await ctx.pool.chat(session, payload)
-    if reply.status != 200:
-        # The worker's own error (e.g. SGLang's 400 for a long prompt) is the
-        # agent's answer; nothing is committed.
+    async def _turn(self, session: Session, slot: TurnSlot, body: bytes) -> TurnOutcome:
+        offload, policy = self.offload, self.policy
+        request = await offload.run(len(body), parse_chat_request, body)
+        plan = await offload.run(len(body), plan_turn, session, request, self.tokenizer, policy)
+        wanted = len(plan.input_ids) + (request.max_tokens or 0)
+        for limit, what in (
+            (self.model.context_length, "the model's context"),
+            (policy.max_session_tokens, "the session token cap (--max-session-tokens)"),
+        ):
+            if limit is not None and wanted > limit:
+                raise ContextLengthExceeded(
+                    f"prompt of {len(plan.input_ids)} tokens + max_tokens "
+                    f"{request.max_tokens or 0} exceeds {what} of {limit} tokens",
+                    param="messages",
+                )
+        payload = upstream_body(
+            request,
+            plan,
+            self.model.name,
+            session_hint=session.id if policy.session_cache else None,
+            routed_experts=policy.routed_experts,
+        )
+        reply = await self.pool.chat(session, payload)
+        if reply.status != 200:
+            # The worker's own error (e.g. SGLang's 400 for a long prompt) is
+            # the agent's answer; nothing is committed.
+            return TurnOutcome(reply, request.stream_mode)
+        answer, experts = await self.validator.validate(
+            reply.body,
+            AnswerCheck(
+                sent_prompt_tokens=len(plan.input_ids),
+                vocab_size=self.tokenizer.vocab_size,
+                experts_from=plan.experts_start if policy.routed_experts else None,
+                experts_width=session.trajectory.experts_width if plan.keep_turns else None,
+            ),
+        )
+        # Returns once the turn is durable; the agent hears of it only then.
+        await self.store.commit(session, slot, plan, answer, reply, experts)
+        self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
+        self.metrics.tokens.labels("sampled").inc(len(answer.ids))
         return TurnOutcome(reply, request.stream_mode)
-    answer, experts = await ctx.offload_process(
-        decode_cost(reply.body, experts=ctx.settings.routed_experts),
-        check_answer,
-        reply.body,
-        AnswerCheck(
-            sent_prompt_tokens=len(plan.input_ids),
-            vocab_size=ctx.ready_tokenizer.vocab_size,
-            experts_from=plan.experts_start if ctx.settings.routed_experts else None,
-            experts_width=session.trajectory.experts_width if plan.keep_turns else None,
-        ),
-    )
-    # Returns once the turn is durable; the agent hears of it only then.
-    await ctx.store.commit(session, slot, plan, answer, reply, experts)
-    ctx.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
-    ctx.metrics.tokens.labels("sampled").inc(len(answer.ids))
-    return TurnOutcome(reply, request.stream_mode)

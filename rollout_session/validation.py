@@ -1,4 +1,4 @@
-"""Strict validation of a worker's 200 answer (DESIGN §4.3).
+"""Strict validation of a worker's 200 answer (docs/api.md#answer).
 
 A typed msgspec decoder reads only the fields we need and rejects, by itself,
 ``NaN``/``Infinity`` constants, bool-as-int, bool-as-float, float or string

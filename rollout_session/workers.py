@@ -1,4 +1,5 @@
-"""The worker pool: membership, health, sticky dispatch, failover (DESIGN §7).
+"""The worker pool: membership, health, sticky dispatch, failover
+(docs/deploy.md#placement-and-health-flags).
 
 Each worker has its own `WorkerClient` (keep-alive connections, at most
 ``upstream_max_connections`` in flight). Health probes use one separate small

@@ -1,4 +1,4 @@
-"""The server context's CPU placement: large worker answers are validated in
+"""The answer validator's CPU placement: large worker answers are validated in
 worker processes, with exactly the result (or the error) of inline parsing."""
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ async def test_answers_validated_in_a_process_equal_inline_ones(
         check_document(doc)
         docs.append(comparable(doc))
         if settings is IN_PROCESS:
-            assert stack.ctx.processes is not None
+            assert stack.ctx.validator.processes is not None
             # The process really did the work: it is now idle, waiting for more.
-            assert stack.ctx.processes.statistics().idle_workers == 1
+            assert stack.ctx.validator.processes.statistics().idle_workers == 1
             # Every answer went there through a hand-off file, now removed.
-            handoff = stack.ctx.handoff
+            handoff = stack.ctx.validator.handoff
             assert handoff is not None and handoff.files_written == 3
             assert handoff.directory is not None
             assert list(handoff.directory.iterdir()) == []
         else:
-            assert stack.ctx.processes is None
+            assert stack.ctx.validator.processes is None
     assert docs[0]["routed_experts"]["shape"][0] > 0
     assert docs[0] == docs[1]
 

@@ -1,7 +1,8 @@
 """Contract: what the emulator answers is what SGLang's own models describe.
 
 SGLang's pydantic protocol models (`sglang.srt.entrypoints.openai.protocol`)
-are the reference for the upstream contract (DESIGN §4.2). Checked here, with
+are the reference for the upstream contract
+(docs/api.md#what-the-worker-is-sent). Checked here, with
 no field of ours left unknown to them: the emulator's text, tool-call and
 reasoning answers (`ChatCompletionResponse`), the request the session server
 forwards (`ChatCompletionRequest`) and the SSE chunks it streams

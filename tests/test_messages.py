@@ -1,4 +1,4 @@
-"""Message normalisation and the history comparison rules of DESIGN §5."""
+"""Message normalisation and the history comparison rules of docs/api.md#history-rules."""
 
 from __future__ import annotations
 

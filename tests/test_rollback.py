@@ -1,4 +1,4 @@
-"""History matching and rollback (DESIGN §5), end to end."""
+"""History matching and rollback (docs/api.md#history-rules), end to end."""
 
 from __future__ import annotations
 

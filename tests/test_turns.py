@@ -29,7 +29,7 @@ def sampled(answer: dict[str, Any]) -> tuple[list[int], list[float]]:
 
 
 def check_document(doc: dict[str, Any]) -> None:
-    """Schema rules of DESIGN §6 that hold for every document."""
+    """Schema rules of docs/training.md (the export document) that hold for every document."""
     n = len(doc["token_ids"])
     assert n == len(doc["loss_mask"]) == len(doc["logprobs"])
     position = 0
@@ -85,7 +85,7 @@ async def test_tool_conversation_equals_template_rendering(stack: Stack, hf_toke
     assert doc["status"] == "open" and doc["metadata"] == {"task": "demo"}
     assert len(doc["turns"]) == 5
 
-    # Invariant (DESIGN §5): the committed ids are the template's rendering of
+    # Invariant (docs/api.md#history-rules): the committed ids are the template's rendering of
     # the whole conversation, each assistant turn being its sampled ids. The
     # emulator samples canonical tokenizations, so plain tokenisation of the
     # rendering must reproduce them exactly.

@@ -1,4 +1,4 @@
-"""Strict validation of worker answers (DESIGN §4.3) on SGLang's own shapes."""
+"""Strict validation of worker answers (docs/api.md#answer) on SGLang's own shapes."""
 
 from __future__ import annotations
 

@@ -238,7 +238,7 @@ async def test_a_change_the_journal_fails_to_make_durable_changes_nothing(
         assert await pinned(stack) == 1
     assert "journal writer failed" in caplog.text
     # The writer's failure did not cancel the app's other tasks with it.
-    assert stack.ctx.processes is not None
+    assert stack.ctx.validator.processes is not None
     assert await pinned(stack) >= 1  # the bystander keeps its pin
     await assert_every_change_refused(stack, bystander)
 
