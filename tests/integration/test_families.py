@@ -31,8 +31,8 @@ from rollout_session.tokenization import ChatTokenizer
 
 from ..conftest import spawn_worker
 from ..families import family_path, family_tokenizer
-from ..test_turns import check_document
 from ..unit.test_template_check import CASES, REPORT
+from .test_turns import check_document
 
 WEATHER = {
     "type": "function",

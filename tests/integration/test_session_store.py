@@ -33,7 +33,7 @@ from rollout_session.lifecycle import reap_once
 from rollout_session.sessions import Session, SessionState, TurnSlot
 
 from ..conftest import Stack, StackFactory
-from ..test_turns import echo
+from .test_turns import echo
 
 USER = [{"role": "user", "content": "hello"}]
 

@@ -18,7 +18,7 @@ import trio
 from rollout_session.journal import Journal, JournalError
 from rollout_session.sessions import SessionState
 
-from ..test_journal import NOW, do_turn, new_session, replayed, running, states
+from .test_journal import NOW, do_turn, new_session, replayed, running, states
 
 
 @pytest.mark.parametrize("compacted", [False, True], ids=["appended", "compacted"])

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 
 from rollout_session.testing.emulator import EmulatorConfig
 
-from .conftest import TOOLS, StackFactory
+from ..conftest import TOOLS, StackFactory
 from .test_streaming import parse_sse
 
 PROTOCOL = "sglang.srt.entrypoints.openai.protocol"

@@ -463,8 +463,8 @@ def killed_child(path: str) -> None:
 
 
 async def test_kill_9_after_wait_durable_loses_nothing(tmp_path: Path) -> None:
-    code = f"from tests.test_journal import killed_child; killed_child({str(tmp_path)!r})"
-    root = Path(__file__).parent.parent
+    code = f"from tests.unit.test_journal import killed_child; killed_child({str(tmp_path)!r})"
+    root = Path(__file__).parents[2]
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=root
     )

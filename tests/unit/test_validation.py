@@ -17,7 +17,9 @@ import pytest
 from rollout_session.errors import UpstreamMalformed
 from rollout_session.validation import AnswerCheck, check_answer, decode_cost, parse_worker_answer
 
-FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "sglang_chat_answers.json").read_text())
+FIXTURES = json.loads(
+    (Path(__file__).parents[1] / "fixtures" / "sglang_chat_answers.json").read_text()
+)
 VOCAB = 151_936  # Qwen's, the fixtures' model
 
 

@@ -15,7 +15,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from .conftest import Stack
+from ..conftest import Stack
 
 PROTECTED = "protected-session"
 OTHER = "other-session"

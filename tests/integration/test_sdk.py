@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from rollout_session.testing.emulator import EmulatorConfig
 
-from .conftest import TOOLS, Stack, StackFactory
+from ..conftest import TOOLS, Stack, StackFactory
 from .test_turns import check_document
 
 USER: list[Any] = [{"role": "user", "content": "What is in main.py?"}]

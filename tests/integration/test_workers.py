@@ -9,7 +9,7 @@ import trio
 
 from rollout_session.testing import EmulatorConfig
 
-from .conftest import Stack, StackFactory, spawn_worker
+from ..conftest import Stack, StackFactory, spawn_worker
 from .test_turns import check_document, echo
 
 USER_NEXT = {"role": "user", "content": "next"}

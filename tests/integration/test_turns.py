@@ -12,7 +12,7 @@ from rollout_session.sessions import SessionState
 from rollout_session.testing import builtin_template
 from rollout_session.testing.emulator import EmulatorConfig
 
-from .conftest import TOOLS, Stack, StackFactory
+from ..conftest import TOOLS, Stack, StackFactory
 
 
 def echo(message: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from rollout_session.session_store import SessionStore
 from rollout_session.sessions import Session, SessionRegistry, SessionState
 from rollout_session.testing import EmulatorConfig
 
-from .conftest import Stack, StackFactory
+from ..conftest import Stack, StackFactory
 
 USER: list[Any] = [{"role": "user", "content": "hi"}]
 

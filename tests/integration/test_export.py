@@ -11,7 +11,7 @@ import pytest
 
 from rollout_session.testing import EmulatorConfig
 
-from .conftest import TOOLS, Stack, StackFactory
+from ..conftest import TOOLS, Stack, StackFactory
 from .test_turns import check_document, echo, run_tool_episode
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from rollout_session.chat_route import chat_session_id
 
-from .conftest import Stack, StackFactory
+from ..conftest import Stack, StackFactory
 
 USER = [{"role": "user", "content": "hi"}]
 

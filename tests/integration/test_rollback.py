@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .conftest import TOOLS, Stack, StackFactory
+from ..conftest import TOOLS, Stack, StackFactory
 from .test_turns import check_document, echo, run_tool_episode
 
 

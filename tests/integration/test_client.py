@@ -17,7 +17,7 @@ from datasets import load_dataset
 from rollout_session import bulk_export
 from rollout_session.client import SessionClient, SessionServerError
 
-from .conftest import Stack, StackFactory
+from ..conftest import Stack, StackFactory
 from .test_turns import check_document
 
 

@@ -19,7 +19,7 @@ from rollout_session.protocol import StreamMode, parse_chat_request
 from rollout_session.streaming import LOGPROB_ENTRIES, encode_events, sse_body, stream_chunks
 from rollout_session.testing.emulator import EmulatorConfig
 
-from .conftest import TOOLS, Stack, StackFactory
+from ..conftest import TOOLS, Stack, StackFactory
 from .test_turns import check_document, echo
 
 USER = [{"role": "user", "content": "hello"}]

@@ -28,7 +28,7 @@ from rollout_session.testing import EmulatorConfig, TextModel, bundled_tokenizer
 from rollout_session.testing.processes import start_listening
 from rollout_session.tokenization import ChatTokenizer
 
-from .conftest import TOOLS, Stack, StackFactory, spawn_worker
+from ..conftest import TOOLS, Stack, StackFactory, spawn_worker
 from .test_turns import check_document
 
 TURNS = 4

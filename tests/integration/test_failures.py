@@ -13,7 +13,7 @@ import trio
 
 from rollout_session.testing.emulator import EmulatorConfig
 
-from .conftest import Stack, StackFactory
+from ..conftest import Stack, StackFactory
 
 USER = [{"role": "user", "content": "hello"}]
 

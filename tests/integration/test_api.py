@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import Stack, StackFactory
+from ..conftest import Stack, StackFactory
 
 USER = [{"role": "user", "content": "hi"}]
 

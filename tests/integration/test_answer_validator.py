@@ -9,7 +9,7 @@ import pytest
 
 from rollout_session.testing.emulator import EmulatorConfig
 
-from .conftest import Stack, StackFactory
+from ..conftest import Stack, StackFactory
 from .test_failures import USER, assert_released_and_clean
 from .test_turns import check_document, run_tool_episode
 

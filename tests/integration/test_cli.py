@@ -15,7 +15,7 @@ import trio
 
 from rollout_session.testing.processes import start_listening
 
-from .families import family_path
+from ..families import family_path
 
 
 def agent_turn(base_url: str) -> str:
@@ -43,7 +43,7 @@ async def test_serve_demo_runs_a_session_and_stops_on_sigint() -> None:
             assert await process.wait() == 0
 
 
-BROKEN = Path(__file__).parent / "fixtures" / "broken-templates" / "drops-history.jinja"
+BROKEN = Path(__file__).parents[1] / "fixtures" / "broken-templates" / "drops-history.jinja"
 
 
 async def test_serve_refuses_a_template_it_cannot_extend_exactly() -> None:

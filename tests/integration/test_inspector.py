@@ -29,7 +29,7 @@ from rollout_session.inspector import (
 )
 from rollout_session.testing import EmulatorConfig
 
-from .conftest import TOOLS, Stack, StackFactory
+from ..conftest import TOOLS, Stack, StackFactory
 from .test_turns import echo
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 KEY = "inspector-test-key"
 SCRIPT = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "inspector"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "inspector"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
