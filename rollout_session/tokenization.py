@@ -75,6 +75,11 @@ def _rendered(message: Message, text: str) -> bool:
     return content in text or json.dumps(content, ensure_ascii=False)[1:-1] in text
 
 
+# Texts at least this long are tokenised without holding the GIL (`encode`);
+# shorter ones take the call with less overhead.
+_GIL_FREE_CHARS = 16 * 1024
+
+
 class ChatTokenizer:
     """An HF tokenizer plus the chat template the server renders with."""
 
@@ -92,8 +97,13 @@ class ChatTokenizer:
         )
         if not self.chat_template:
             raise ValueError("the tokenizer has no chat template; pass --chat-template")
+        vocab: dict[str, int] = hf_tokenizer.get_vocab()
         # Ids are valid in 0 ≤ id < vocab_size, added tokens included.
-        self.vocab_size: int = max(hf_tokenizer.get_vocab().values()) + 1
+        self.vocab_size: int = max(vocab.values()) + 1
+        # No token covers more text than this many bytes (its UTF-8 length
+        # over-counts byte-level and SentencePiece pieces): bounds a prompt's
+        # tokens from below without rendering it (turn_limits.py).
+        self.max_token_bytes: int = max(len(token.encode("utf-8")) for token in vocab)
         self.name_or_path: str = str(getattr(hf_tokenizer, "name_or_path", ""))
         self.special_ids: frozenset[int] = frozenset(
             int(i) for i, tok in hf_tokenizer.added_tokens_decoder.items() if tok.special
@@ -111,8 +121,14 @@ class ChatTokenizer:
         self._shapes: dict[bytes, _Shape] = {}
 
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
-        return ids
+        if len(text) < _GIL_FREE_CHARS:
+            ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
+            return ids
+        # `tokenizers` holds the GIL through `encode` but not `encode_batch`:
+        # a long text tokenised on a thread must not stop the event loop.
+        [encoding] = self._backend.encode_batch([text], add_special_tokens=False)
+        batch_ids: list[int] = encoding.ids
+        return batch_ids
 
     def decode_pieces(self, ids: Sequence[int] | Any) -> list[str]:
         """Each token decoded on its own, special tokens kept (for inspection).

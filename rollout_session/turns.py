@@ -20,7 +20,6 @@ import trio
 
 from .answer_validator import AnswerValidator
 from .errors import (
-    ContextLengthExceeded,
     RolloutSessionError,
     SessionBusy,
     SessionClosing,
@@ -35,6 +34,7 @@ from .session_store import SessionStore
 from .sessions import Session, TurnSlot
 from .tokenization import ChatTokenizer
 from .turn_commit import TurnPlan
+from .turn_limits import check_prompt_floor, completion_budget
 from .turn_plan import TurnPolicy, plan_turn
 from .upstream import UpstreamReply
 from .validation import AnswerCheck
@@ -62,9 +62,14 @@ def upstream_body(
     *,
     session_hint: str | None,
     routed_experts: bool,
+    max_tokens: int | None = None,
 ) -> bytes:
     body = {k: v for k, v in request.raw.items() if k not in _DROPPED}
     body.update(_FORCED)
+    if max_tokens is not None:
+        # The session cap's remainder, for a request that set no limit.
+        body.pop("max_completion_tokens", None)
+        body["max_tokens"] = max_tokens
     if routed_experts:
         # Only positions not stored yet: O(new tokens) per turn, not O(history).
         body["return_routed_experts"] = True
@@ -83,6 +88,10 @@ def upstream_body(
     if model and not isinstance(body.get("model"), str):
         body["model"] = model
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+# How much more a body's byte costs to plan (tokenise) than to parse.
+_TOKENIZE_WEIGHT = 32
 
 
 @dataclass(slots=True, frozen=True)
@@ -145,26 +154,34 @@ class TurnRunner:
                 session.release(slot, store.clock())
 
     async def _turn(self, session: Session, slot: TurnSlot, body: bytes) -> TurnOutcome:
-        offload, policy = self.offload, self.policy
+        offload, policy, model = self.offload, self.policy, self.model
         request = await offload.run(len(body), parse_chat_request, body)
-        plan = await offload.run(len(body), plan_turn, session, request, self.tokenizer, policy)
-        wanted = len(plan.input_ids) + (request.max_tokens or 0)
-        for limit, what in (
-            (self.model.context_length, "the model's context"),
-            (policy.max_session_tokens, "the session token cap (--max-session-tokens)"),
-        ):
-            if limit is not None and wanted > limit:
-                raise ContextLengthExceeded(
-                    f"prompt of {len(plan.input_ids)} tokens + max_tokens "
-                    f"{request.max_tokens or 0} exceeds {what} of {limit} tokens",
-                    param="messages",
-                )
+        check_prompt_floor(
+            request.messages,
+            request.max_tokens,
+            max_token_bytes=self.tokenizer.max_token_bytes,
+            context_length=model.context_length,
+            session_cap=policy.max_session_tokens,
+        )
+        # Tokenising costs far more per byte than parsing: weighed so that a
+        # body carrying long new text is planned on a thread, where the
+        # tokenizer releases the GIL.
+        plan = await offload.run(
+            len(body) * _TOKENIZE_WEIGHT, plan_turn, session, request, self.tokenizer, policy
+        )
+        budget = completion_budget(
+            len(plan.input_ids),
+            request.max_tokens,
+            context_length=model.context_length,
+            session_cap=policy.max_session_tokens,
+        )
         payload = upstream_body(
             request,
             plan,
-            self.model.name,
+            model.name,
             session_hint=session.id if policy.session_cache else None,
             routed_experts=policy.routed_experts,
+            max_tokens=budget,
         )
         reply = await self.pool.chat(session, payload)
         if reply.status != 200:

@@ -138,3 +138,11 @@ def test_every_family_tokenizer_loads() -> None:
     for family in FAMILIES:
         tok = family_tokenizer(family)
         assert tok.stop_ids and tok.stop_ids <= set(range(tok.vocab_size))
+
+
+@pytest.mark.parametrize("size", [100, 16 * 1024, 200_000], ids=["short", "threshold", "long"])
+def test_encode_gives_the_same_ids_on_either_side_of_the_gil_free_threshold(size: int) -> None:
+    tok = family_tokenizer("qwen3")
+    text = ("def f(x):\n    return x * 2  # ünïcode 日本\n" * (size // 40 + 1))[:size]
+    expected = tok._backend.encode(text, add_special_tokens=False).ids
+    assert tok.encode(text) == expected
