@@ -44,7 +44,9 @@ def reap_once(ctx: ServerContext) -> None:
     for session in store.registry:
         if session.state is SessionState.OPEN:
             ttl = session.ttl_s if session.ttl_s is not None else settings.session_ttl_s
-            if ttl is not None and now - session.last_active_at > ttl:
+            # A turn in flight is activity: a long generation is not idleness.
+            # Its release restarts the idle clock.
+            if ttl is not None and session.slot is None and now - session.last_active_at > ttl:
                 logger.info("session %s expired after %.0f s idle", session.id, ttl)
                 store.expire(session)
         elif (

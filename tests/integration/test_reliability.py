@@ -38,12 +38,11 @@ async def test_idle_ttl_expiry_with_autojump_clock(
     short = ctx.registry.create("short", ttl_s=2)
     busy = ctx.registry.create("busy")
     slot = busy.claim(trio.current_time())
-    cancelled = trio.Event()
 
     async def in_flight_turn() -> None:
-        with slot.cancel_scope:
-            await trio.sleep_forever()
-        cancelled.set()
+        # A generation longer than the TTL: the session is not idle meanwhile.
+        await trio.sleep(25)
+        busy.release(slot, trio.current_time())
 
     with caplog.at_level(logging.WARNING, logger="rollout_session"):
         async with trio.open_nursery() as nursery:
@@ -54,14 +53,18 @@ async def test_idle_ttl_expiry_with_autojump_clock(
             await trio.sleep(6.5)  # between reaper ticks: no tie with them
             # Read through a call: the assert above narrowed `idle.state` for mypy.
             assert state_of(idle) is SessionState.EXPIRED
-            assert state_of(busy) is SessionState.EXPIRED
-            await cancelled.wait()  # the expired session's in-flight work was cancelled
             assert idle.closed_at is not None
+            await trio.sleep(12)  # t=23.5: the turn has run 23.5 s, twice the TTL
+            assert state_of(busy) is SessionState.OPEN and busy.slot is slot
+            await trio.sleep(10)  # t=33.5: released at 25, idle 8.5 s
+            assert state_of(busy) is SessionState.OPEN and busy.slot is None
+            await trio.sleep(3)  # t=36.5: idle 11.5 s
+            assert state_of(busy) is SessionState.EXPIRED
             # Uncollected documents stay for --keep-closed-s, then go, loudly.
-            await trio.sleep(55)
+            await trio.sleep(34)  # t=70.5: idle closed at ~11 s, 59.5 s ago
             assert "idle" in {s.id for s in ctx.registry}
             await trio.sleep(10)
-            assert len(ctx.registry) == 0
+            assert "idle" not in {s.id for s in ctx.registry}
             nursery.cancel_scope.cancel()
     assert any("dropping expired session idle" in r.getMessage() for r in caplog.records)
 
