@@ -153,17 +153,23 @@ async def _turn(ctx: ServerContext, session: Session, slot: TurnSlot, body: byte
         # The worker's own error (e.g. SGLang's 400 for a long prompt) is the
         # agent's answer; nothing is committed.
         return TurnOutcome(reply, request.stream_mode)
-    answer, experts = await ctx.offload_process(
-        decode_cost(reply.body, experts=ctx.settings.routed_experts),
-        check_answer,
-        reply.body,
-        AnswerCheck(
-            sent_prompt_tokens=len(plan.input_ids),
-            vocab_size=ctx.ready_tokenizer.vocab_size,
-            experts_from=plan.experts_start if ctx.settings.routed_experts else None,
-            experts_width=session.trajectory.experts_width if plan.keep_turns else None,
-        ),
-    )
+    try:
+        answer, experts = await ctx.offload_process(
+            decode_cost(reply.body, experts=ctx.settings.routed_experts),
+            check_answer,
+            reply.body,
+            AnswerCheck(
+                sent_prompt_tokens=len(plan.input_ids),
+                vocab_size=ctx.ready_tokenizer.vocab_size,
+                experts_from=plan.experts_start if ctx.settings.routed_experts else None,
+                experts_width=session.trajectory.experts_width if plan.keep_turns else None,
+            ),
+        )
+    except UpstreamMalformed as exc:
+        # The worker's circuit breaker counts answers that fail validation.
+        ctx.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
+        raise
+    ctx.pool.report_success(reply.worker)
     # Returns once the turn is durable; the agent hears of it only then.
     await ctx.store.commit(session, slot, plan, answer, reply, experts)
     ctx.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
