@@ -1,8 +1,10 @@
 """Operator routes: the worker pool at run time, pausing, metrics.
 
-``GET /workers`` shows the pool, ``POST /workers {"url"}`` adds a worker,
+``GET /workers`` shows the pool, ``POST /workers {"url"}`` adds a worker
+(it takes sessions once it passed an admission check: `workers.py`),
 ``DELETE /workers?url=`` drains one (no new pins, in-flight turns finish) and
-removes it; its sessions re-pin on their next turn. ``POST /admin/pause``
+removes it — the drain completes even if the request's client goes away; its
+sessions re-pin on their next turn. ``POST /admin/pause``
 holds new turns (weight sync) and answers once in-flight turns are done;
 ``POST /admin/resume`` releases them. ``GET /metrics`` is Prometheus text.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from .config import WORKER_URL
 from .context import ServerContext
 from .errors import InvalidRequest
 from .metrics import CONTENT_TYPE
@@ -31,8 +32,8 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.post("/workers")
     async def add_worker() -> Response:
         url = (await read_json_object(optional=False)).get("url")
-        if not isinstance(url, str) or not WORKER_URL.match(url):
-            raise InvalidRequest("url must be an http(s)://host[:port] base URL", param="url")
+        if not isinstance(url, str):
+            raise InvalidRequest("url must be an http(s)://host[:port][/path] string", param="url")
         return json_response(pool.add(url).summary(), status=201)
 
     @app.post("/admin/pause")

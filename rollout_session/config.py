@@ -6,19 +6,23 @@ tests and embedders build it directly. Nothing else reads the environment.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from .placement import PLACEMENTS
+from .worker_urls import WorkerHosts, worker_url
 
-__all__ = ["KNOWN_ROLES", "WORKER_URL", "Settings"]
+__all__ = ["KNOWN_ROLES", "Settings"]
 
 # Roles a request may carry. "developer" is OpenAI's newer name for system.
 KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-WORKER_URL = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
+# --max-answer-mb's default: far above any chat answer without routed
+# experts; with them an answer carries ~5 bytes per layer and expert slot for
+# each new position (docs/reliability.md#worker-answers).
+_MAX_ANSWER_MB = 64.0
+_MAX_ANSWER_MB_EXPERTS = 1024.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +31,9 @@ class Settings:
     port: int = 8000
     # SGLang base URLs, e.g. "http://10.0.0.5:30000" (no trailing /v1).
     workers: tuple[str, ...] = ()
+    # Hosts a worker URL may name (names, addresses, CIDR networks, each with
+    # an optional :port); None = any (worker_urls.py).
+    worker_hosts: frozenset[str] | None = None
     # HF tokenizer directory; None = ask the first worker's /get_model_info.
     tokenizer: str | None = None
     # Chat template file (or a built-in name: chatml, qwen3); None = tokenizer's own.
@@ -53,12 +60,22 @@ class Settings:
     parse_processes: int = 2
     process_threshold_kb: int = 256
     max_body_mb: float = 64.0
+    # A worker's answer over this is refused (502) and its connection closed;
+    # None = 64, or 1024 with routed_experts.
+    max_answer_mb: float | None = None
     # Placement policy: sticky-least-loaded, consistent-hash or round-robin.
     placement: str = "sticky-least-loaded"
     health_interval_s: float = 5.0
     health_timeout_s: float = 2.0
     unhealthy_after: int = 3
     healthy_after: int = 2
+    # Circuit breaker on real traffic (sgl-model-gateway's defaults,
+    # docs/reliability.md#failing-workers): this many failed turns in a row
+    # open it (no pins), after `circuit_open_s` chat probes test the worker
+    # and `circuit_successes` in a row close it.
+    circuit_failures: int = 5
+    circuit_successes: int = 2
+    circuit_open_s: float = 30.0
     # Send each turn's session id to SGLang and /close_session on close.
     sglang_session_cache: bool = False
     # R3: ask workers for routed experts of new positions; store and export them.
@@ -89,10 +106,10 @@ class Settings:
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        for url in self.workers:
-            if not WORKER_URL.match(url):
-                raise ValueError(f"worker URL must be http(s)://host[:port][/path]: {url!r}")
-        object.__setattr__(self, "workers", tuple(u.rstrip("/") for u in self.workers))
+        if self.worker_hosts is not None:
+            object.__setattr__(self, "worker_hosts", frozenset(self.worker_hosts))
+        allowed = self.allowed_worker_hosts
+        object.__setattr__(self, "workers", tuple(worker_url(u, allowed) for u in self.workers))
         unknown = self.append_roles - KNOWN_ROLES
         if unknown or not self.append_roles:
             raise ValueError(f"append_roles must be a non-empty subset of {sorted(KNOWN_ROLES)}")
@@ -102,6 +119,9 @@ class Settings:
         _positive("upstream_timeout_s", self.upstream_timeout_s)
         _positive("connect_timeout_s", self.connect_timeout_s)
         _positive("max_body_mb", self.max_body_mb)
+        if self.max_answer_mb is not None:
+            _positive("max_answer_mb", self.max_answer_mb)
+        _positive("circuit_open_s", self.circuit_open_s)
         _positive("health_interval_s", self.health_interval_s)
         _positive("health_timeout_s", self.health_timeout_s)
         for name in ("keep_closed_s", "pause_wait_s", "shutdown_grace_s"):
@@ -124,6 +144,8 @@ class Settings:
             "demo_workers",
             "unhealthy_after",
             "healthy_after",
+            "circuit_failures",
+            "circuit_successes",
             "max_sessions",
         ):
             if getattr(self, name) < 1:
@@ -143,6 +165,16 @@ class Settings:
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
+
+    @property
+    def max_answer_bytes(self) -> int:
+        default = _MAX_ANSWER_MB_EXPERTS if self.routed_experts else _MAX_ANSWER_MB
+        return int((self.max_answer_mb or default) * 1024 * 1024)
+
+    @property
+    def allowed_worker_hosts(self) -> WorkerHosts | None:
+        """The parsed `worker_hosts` (ValueError if one is not a host)."""
+        return None if self.worker_hosts is None else WorkerHosts.parse(self.worker_hosts)
 
     @property
     def offload_threshold_bytes(self) -> int:

@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .sessions import SessionState
+from .workers import Circuit
 
 if TYPE_CHECKING:
     from .context import ServerContext
@@ -41,7 +42,14 @@ class _StateCollector(Collector):
         for state in SessionState:
             sessions.add_metric([state.value], tally[state.value])
         yield sessions
-        healthy = GaugeMetricFamily("rollout_worker_healthy", "1 if healthy", labels=["worker"])
+        healthy = GaugeMetricFamily(
+            "rollout_worker_healthy", "1 if it takes new sessions", labels=["worker"]
+        )
+        fenced = GaugeMetricFamily(
+            "rollout_worker_circuit_open",
+            "1 while its circuit is open or half-open (failed turns fenced it)",
+            labels=["worker"],
+        )
         inflight = GaugeMetricFamily(
             "rollout_worker_inflight", "Requests in flight", labels=["worker"]
         )
@@ -50,9 +58,10 @@ class _StateCollector(Collector):
         )
         for worker in ctx.pool.workers.values():
             healthy.add_metric([worker.url], float(worker.healthy))
+            fenced.add_metric([worker.url], float(worker.circuit is not Circuit.CLOSED))
             inflight.add_metric([worker.url], worker.inflight)
             pinned.add_metric([worker.url], worker.active_sessions)
-        yield from (healthy, inflight, pinned)
+        yield from (healthy, fenced, inflight, pinned)
         journal = ctx.store.journal
         if journal is not None:
             yield GaugeMetricFamily(

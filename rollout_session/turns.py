@@ -188,15 +188,21 @@ class TurnRunner:
             # The worker's own error (e.g. SGLang's 400 for a long prompt) is
             # the agent's answer; nothing is committed.
             return TurnOutcome(reply, request.stream_mode)
-        answer, experts = await self.validator.validate(
-            reply.body,
-            AnswerCheck(
-                sent_prompt_tokens=len(plan.input_ids),
-                vocab_size=self.tokenizer.vocab_size,
-                experts_from=plan.experts_start if policy.routed_experts else None,
-                experts_width=session.trajectory.experts_width if plan.keep_turns else None,
-            ),
-        )
+        try:
+            answer, experts = await self.validator.validate(
+                reply.body,
+                AnswerCheck(
+                    sent_prompt_tokens=len(plan.input_ids),
+                    vocab_size=self.tokenizer.vocab_size,
+                    experts_from=plan.experts_start if policy.routed_experts else None,
+                    experts_width=session.trajectory.experts_width if plan.keep_turns else None,
+                ),
+            )
+        except UpstreamMalformed as exc:
+            # The worker's circuit breaker counts answers that fail validation.
+            self.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
+            raise
+        self.pool.report_success(reply.worker)
         # Returns once the turn is durable; the agent hears of it only then.
         await self.store.commit(session, slot, plan, answer, reply, experts)
         self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))

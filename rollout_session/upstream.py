@@ -5,14 +5,22 @@ sends a turn and maps transport failures onto the error tree: `NotSent` when
 the connection could not be made (no byte reached the worker, so another
 worker may safely be tried), `UpstreamTimeout` (504) when the worker did not
 answer in time, `UpstreamError` (502) for any other transport failure (the
-worker may have done the work: never retried). The worker pool
+worker may have done the work: never retried), `UpstreamMalformed` (502,
+kind ``answer_too_large``) for an answer over ``--max-answer-mb``: it is
+read no further and its connection is closed. The worker pool
 (`workers.py`) decides what to do with them.
+
+Messages of these errors reach agents, so they never name the worker: the
+URL and the transport's own words are logged here instead.
 """
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import ssl
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,17 +30,23 @@ import httpcore
 import orjson
 import trio
 
-from .errors import UpstreamError, UpstreamTimeout
+from .errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
 
 __all__ = [
+    "PROBE_SESSION",
+    "AnswerTooLarge",
+    "Exchange",
     "ModelInfo",
     "NotSent",
     "UpstreamReply",
     "WorkerClient",
+    "chat_probe_body",
     "fetch_model_info",
     "forwardable_headers",
     "post_chat",
 ]
+
+logger = logging.getLogger("rollout_session")
 
 # Not forwarded to the agent: framing and hop-by-hop headers are the proxy's
 # own; a content-encoding is never asked for (`accept-encoding: identity`).
@@ -56,6 +70,10 @@ _CHAT_PATH = "/v1/chat/completions"
 # Identity: the body is validated and passed on as the worker's bytes.
 _CHAT_HEADERS = ((b"content-type", b"application/json"), (b"accept-encoding", b"identity"))
 _GET_HEADERS = ((b"accept", b"application/json"), (b"accept-encoding", b"identity"))
+# A model card is a few hundred bytes; more is not a model server's answer.
+_MAX_CARD_BYTES = 1 << 20
+# The routing key of the pool's chat probes (half-open circuits).
+PROBE_SESSION = "rollout-session-probe"
 # Transport failures after a connection was made (ConnectError is a
 # NetworkError and ConnectTimeout a TimeoutException: caught before these).
 _TRANSPORT_ERRORS = (
@@ -74,11 +92,36 @@ _TRANSPORT_ERRORS = (
 # (docs/performance.md#large-reads-from-the-worker). (The `timeout`
 # parameters below are httpcore's interface: noqa ASYNC109.)
 READ_BYTES = 1 << 20
+# Room for a response's status line and headers on top of its body's limit.
+_HEAD_BYTES = 64 * 1024
+
+
+class AnswerTooLarge(Exception):
+    """The worker's answer is longer than the caller's limit."""
+
+
+class _Budget:
+    """The bytes an exchange may still read (status line, headers, body)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+# The running exchange's budget. Charged where the bytes arrive, in the
+# network stream: the error then rises through httpcore's own body
+# iterators, which end with it (and close the connection), rather than
+# being abandoned half-read.
+_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar(
+    "rollout_session_read_budget", default=None
+)
 
 
 class _LargeReadStream(httpcore.AsyncNetworkStream):
     """A network stream that reads up to `READ_BYTES` while data keeps coming
-    in pieces at least as large as httpcore asks for."""
+    in pieces at least as large as httpcore asks for, and charges what it
+    reads to the running exchange's budget."""
 
     def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
         self._stream = stream
@@ -87,6 +130,11 @@ class _LargeReadStream(httpcore.AsyncNetworkStream):
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
         data = await self._stream.read(READ_BYTES if self._large else max_bytes, timeout)
         self._large = len(data) >= max_bytes
+        budget = _budget.get()
+        if budget is not None:
+            budget.left -= len(data)
+            if budget.left < 0:
+                raise AnswerTooLarge("the answer is over its limit")
         return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
@@ -157,6 +205,11 @@ class WorkerClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._origin = httpcore.URL(self.base_url).origin
+        # What httpcore's `request` would send (the port only when not the default).
+        origin = self._origin
+        default = {b"http": 80, b"https": 443}.get(origin.scheme)
+        port = origin.port
+        self._host = origin.host if port in (None, default) else b"%b:%d" % (origin.host, port)
         self._pool_timeout_s = timeout_s
         self._keepalive_expiry_s = keepalive_expiry_s
         # httpcore applies these per network operation (as httpx did).
@@ -180,19 +233,28 @@ class WorkerClient:
         path: str,
         headers: list[tuple[bytes, bytes]],
         body: bytes | None = None,
-    ) -> httpcore.Response:
-        """One exchange; the whole body is read. Raises httpcore's exceptions."""
+        *,
+        max_bytes: int,
+    ) -> Exchange:
+        """One exchange; the whole body is read, up to `max_bytes`. Raises
+        httpcore's exceptions, and `AnswerTooLarge` for a longer body (then
+        read no further, its connection closed)."""
         url = self._urls.get(path)
         if url is None:
             url = self._urls[path] = httpcore.URL(self.base_url + path)
+        headers = [(b"Host", self._host), *headers]
+        if body is not None:
+            headers.append((b"Content-Length", str(len(body)).encode()))
+        request = httpcore.Request(
+            method, url, headers=headers, content=body, extensions=self._extensions
+        )
         await self._acquire_slot()
         try:
             connection = await self._checkout()
             try:
-                return await connection.request(
-                    method, url, headers=headers, content=body, extensions=self._extensions
-                )
+                return await _exchange(connection, request, max_bytes)
             finally:
+                # A body left unread leaves the connection mid-exchange: closed.
                 await self._checkin(connection)
         finally:
             self._slots.release()
@@ -246,6 +308,41 @@ class WorkerClient:
 
 
 @dataclass(slots=True, frozen=True)
+class Exchange:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+def _declared_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+async def _exchange(
+    connection: httpcore.AsyncHTTPConnection, request: httpcore.Request, max_bytes: int
+) -> Exchange:
+    token = _budget.set(_Budget(max_bytes + _HEAD_BYTES))
+    try:
+        response = await connection.handle_async_request(request)
+        try:
+            declared = _declared_length(response.headers)
+            if declared is not None and declared > max_bytes:
+                raise AnswerTooLarge(f"Content-Length {declared} > {max_bytes}")
+            body = await response.aread()
+        finally:
+            # After an unread or cut body this closes the connection.
+            await response.aclose()
+    finally:
+        _budget.reset(token)
+    if len(body) > max_bytes:  # within the head's room, over the body's limit
+        raise AnswerTooLarge(f"{len(body)} > {max_bytes}")
+    return Exchange(response.status, response.headers, body)
+
+
+@dataclass(slots=True, frozen=True)
 class UpstreamReply:
     status: int
     headers: list[tuple[bytes, bytes]]
@@ -259,6 +356,8 @@ class ModelInfo:
     model: str
     tokenizer_path: str | None
     max_model_len: int | None
+    # Every model id the worker's /v1/models lists (`model` is the first).
+    models: tuple[str, ...] = ()
 
 
 class NotSent(Exception):
@@ -272,7 +371,7 @@ def forwardable_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes,
 
 
 async def post_chat(
-    client: WorkerClient, session_id: str, payload: bytes, timeout_s: float
+    client: WorkerClient, session_id: str, payload: bytes, timeout_s: float, max_bytes: int
 ) -> UpstreamReply:
     url = client.base_url
     # Keeps an sgl-model-gateway upstream sticky too; SGLang ignores it.
@@ -280,36 +379,74 @@ async def post_chat(
     started = time.perf_counter()
     try:
         with trio.fail_after(timeout_s):
-            response = await client.request(b"POST", _CHAT_PATH, headers, payload)
+            response = await client.request(
+                b"POST", _CHAT_PATH, headers, payload, max_bytes=max_bytes
+            )
     except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-        raise NotSent(f"cannot connect to worker {url}: {type(exc).__name__}: {exc}") from None
+        logger.warning("cannot connect to worker %s: %s: %s", url, type(exc).__name__, exc)
+        raise NotSent(f"cannot connect to the worker: {type(exc).__name__}") from None
     except (trio.TooSlowError, httpcore.TimeoutException):
-        raise UpstreamTimeout(f"worker {url} did not answer within {timeout_s:g} s") from None
+        logger.warning("worker %s did not answer within %g s", url, timeout_s)
+        raise UpstreamTimeout(f"the worker did not answer within {timeout_s:g} s") from None
     except _TRANSPORT_ERRORS as exc:
+        logger.warning("transport error talking to worker %s: %s: %s", url, type(exc).__name__, exc)
         raise UpstreamError(
-            f"transport error talking to worker {url}: {type(exc).__name__}: {exc}"
+            f"transport error talking to the worker: {type(exc).__name__}"
+        ) from None
+    except AnswerTooLarge as exc:
+        logger.warning("worker %s answered over --max-answer-mb: %s", url, exc)
+        raise UpstreamMalformed(
+            f"the worker's answer is larger than --max-answer-mb ({max_bytes / 2**20:g} MB)",
+            kind="answer_too_large",
         ) from None
     return UpstreamReply(
         status=response.status,
         headers=forwardable_headers(response.headers),
-        body=response.content,
+        body=response.body,
         worker=url,
         latency_s=time.perf_counter() - started,
     )
 
 
+def chat_probe_body(model: str) -> bytes:
+    """A one-token chat completion asked the way turns ask (a one-id prompt),
+    which checks the worker's chat route end to end, answer included."""
+    return orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": "ping"}],
+            "input_ids": [0],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": True,
+            "return_meta_info": True,
+            "stream": False,
+            "rid": uuid.uuid4().hex,
+        }
+    )
+
+
 async def _get_json(client: WorkerClient, path: str) -> dict[str, Any]:
-    response = await client.request(b"GET", path, list(_GET_HEADERS))
-    if not 200 <= response.status < 300:
+    try:
+        response = await client.request(b"GET", path, list(_GET_HEADERS), max_bytes=_MAX_CARD_BYTES)
+    except AnswerTooLarge:
+        raise UpstreamError(f"{path} answered over {_MAX_CARD_BYTES} bytes") from None
+    if response.status != 200:
         raise UpstreamError(f"{path} answered {response.status}")
-    data = orjson.loads(response.content)
-    return data if isinstance(data, dict) else {}
+    try:
+        data = orjson.loads(response.body)
+    except orjson.JSONDecodeError:
+        raise UpstreamError(f"{path} answered something other than JSON") from None
+    if not isinstance(data, dict):
+        raise UpstreamError(f"{path} answered JSON that is not an object")
+    return data
 
 
 async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo:
-    """What a worker serves: SGLang's `/get_model_info` and `/v1/models`,
+    """What a worker serves, from SGLang's `/get_model_info` and `/v1/models`,
     both within `deadline_s` (a worker that accepts and never answers must
-    not hold start-up for the chat timeout)."""
+    not hold start-up for the chat timeout). `UpstreamError` unless both are
+    SGLang's answers for a generation model."""
     try:
         with trio.fail_after(deadline_s):
             info = await _get_json(client, "/get_model_info")
@@ -318,18 +455,28 @@ async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo
         raise UpstreamError(
             f"cannot read model info from the worker: no answer within {deadline_s:g} s"
         ) from None
-    except (
-        UpstreamError,
-        orjson.JSONDecodeError,
-        httpcore.TimeoutException,
-        *_TRANSPORT_ERRORS,
-    ) as exc:
+    except (UpstreamError, httpcore.TimeoutException, *_TRANSPORT_ERRORS) as exc:
         raise UpstreamError(f"cannot read model info from the worker: {exc}") from None
-    data = models.get("data") or [{}]
+    model_path = info.get("model_path")
+    if not isinstance(model_path, str) or not model_path:
+        raise UpstreamError("not an SGLang worker: /get_model_info has no model_path")
+    if info.get("is_generation") is not True:
+        raise UpstreamError("not an SGLang generation model: /get_model_info is_generation")
+    data = models.get("data")
+    if not (
+        isinstance(data, list)
+        and data
+        and all(isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"] for m in data)
+    ):
+        raise UpstreamError("not an SGLang worker: /v1/models lists no model")
     max_len = data[0].get("max_model_len")
+    if not isinstance(max_len, int) or isinstance(max_len, bool):
+        max_len = None
+    tokenizer_path = info.get("tokenizer_path")
     return ModelInfo(
         # The served name (SGLang's --served-model-name) is what agents send.
-        model=str(data[0].get("id") or info.get("model_path") or "unknown"),
-        tokenizer_path=info.get("tokenizer_path"),
-        max_model_len=max_len if isinstance(max_len, int) else None,
+        model=data[0]["id"],
+        tokenizer_path=tokenizer_path if isinstance(tokenizer_path, str) else None,
+        max_model_len=max_len,
+        models=tuple(m["id"] for m in data),
     )

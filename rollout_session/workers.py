@@ -1,27 +1,43 @@
-"""The worker pool: membership, health, sticky dispatch, failover
-(docs/deploy.md#placement-and-health-flags).
+"""The worker pool: membership, admission, health, circuit breaking, sticky
+dispatch, failover (docs/reliability.md#workers).
 
 Each worker has its own `WorkerClient` (keep-alive connections, at most
 ``upstream_max_connections`` in flight). Health probes use one separate small
 httpx client, so a saturated traffic pool never makes a live worker look dead.
 
-Health: a probe of ``GET /health`` every ``health_interval_s``;
-``unhealthy_after`` consecutive failures (probes, or connection/transport
-errors of real traffic) mark a worker unhealthy, ``healthy_after``
-consecutive successful probes heal it. Timeouts of real traffic do not count:
-a long generation is not a dead worker.
+A worker takes pins only while it is healthy, its circuit closed and it is
+not draining. Two independent judgements, each with its own state:
 
-Failover: a session pinned to an unhealthy, draining or removed worker is
-re-pinned on its next turn (every turn carries the full ``input_ids``, so only
-the cache is cold). A connect error — nothing reached the worker — is retried
-once on another eligible worker; anything after sending is not retried.
+- **Health** (`Health`), from probes every ``health_interval_s``. A worker
+  joins (configured or ``POST /workers``) as ``JOINING`` and is admitted
+  once it passes an admission check: ``GET /health`` answers 200 and
+  ``/get_model_info`` + ``/v1/models`` answer as SGLang does for a
+  generation model that lists the served model (the one learned from the
+  first worker, in pool order, that passed). A healthy worker is probed with
+  ``GET /health``: ``unhealthy_after`` failures in a row make it unhealthy;
+  ``healthy_after`` admission checks in a row bring it back (a worker
+  restarted with another model never comes back).
+- **Circuit** (`Circuit`), from real traffic. ``circuit_failures`` failed
+  turns in a row — transport errors, 5xx answers, answers over
+  ``--max-answer-mb``, and answers that fail validation (the turn path calls
+  `report_failure`) — open it. After ``circuit_open_s`` it is half-open:
+  the pool itself sends one-token chat probes (agents' turns never test a
+  worker) until ``circuit_successes`` in a row close it or one failure
+  reopens it. Timeouts and 4xx answers count neither way: a long generation
+  is not a dead worker, and a 4xx is the request's fault.
 
-All bookkeeping (pins, counters, health flags) is synchronous code on the
-event loop.
+Failover: a session pinned to a worker that cannot take pins is re-pinned on
+its next turn (every turn carries the full ``input_ids``, so only the cache
+is cold). A connect error — nothing reached the worker — is retried once on
+another eligible worker; anything after sending is not retried.
+
+All bookkeeping (pins, counters, states) is synchronous code on the event
+loop.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import time
@@ -33,45 +49,104 @@ import httpx
 import trio
 
 from .config import Settings
-from .errors import NoHealthyWorker, UpstreamError, WorkerExists, WorkerNotFound
+from .errors import (
+    InvalidRequest,
+    NoHealthyWorker,
+    UpstreamError,
+    UpstreamMalformed,
+    UpstreamTimeout,
+    WorkerExists,
+    WorkerNotFound,
+)
 from .placement import make_placement
 from .sessions import Session
 from .upstream import (
+    PROBE_SESSION,
     ModelInfo,
     NotSent,
     UpstreamReply,
     WorkerClient,
+    chat_probe_body,
     fetch_model_info,
     post_chat,
 )
+from .validation import parse_worker_answer
+from .worker_urls import parse_worker_url, worker_url
 
-__all__ = ["Worker", "WorkerPool"]
+__all__ = ["Circuit", "Health", "Worker", "WorkerPool"]
 
 logger = logging.getLogger("rollout_session")
+
+# The chat probe's answer is checked like a turn's, but the pool does not
+# know the vocabulary: any non-negative id passes.
+_ANY_VOCAB = 2**31 - 1
+
+
+class Health(enum.Enum):
+    # Added, never admitted: no pins until one admission check passes.
+    JOINING = "joining"
+    # Admitted, and its /health probes pass.
+    HEALTHY = "healthy"
+    # `unhealthy_after` /health probes failed in a row: no pins until
+    # `healthy_after` admission checks in a row pass.
+    UNHEALTHY = "unhealthy"
+
+
+class Circuit(enum.Enum):
+    # Turns flow; `circuit_failures` failed turns in a row open it.
+    CLOSED = "closed"
+    # No pins; half-open after `circuit_open_s`.
+    OPEN = "open"
+    # No pins; chat probes test the worker: `circuit_successes` in a row
+    # close it, one failure reopens it.
+    HALF_OPEN = "half_open"
 
 
 @dataclass(eq=False)
 class Worker:
     url: str
     client: WorkerClient
-    healthy: bool = True
+    health: Health = Health.JOINING
+    circuit: Circuit = Circuit.CLOSED
     # Draining: no new pins; removed once `inflight` reaches 0.
     draining: bool = False
     active_sessions: int = 0  # sessions pinned here
     inflight: int = 0
+    # Probes (health and admission checks) in a row.
     consecutive_failures: int = 0
     consecutive_successes: int = 0
+    # Failed turns in a row while closed; chat probes passed while half-open.
+    circuit_failures: int = 0
+    circuit_successes: int = 0
+    circuit_opened_at: float = 0.0  # trio.current_time()
+    chat_probing: bool = False
+    # The served model, once an admission check saw it listed.
+    model: str | None = None
+    # Why the last probe or turn failed (operators only: it names the worker).
+    last_error: str | None = None
     last_checked_at: float | None = None
     idle: trio.Event = field(default_factory=trio.Event)
+    # Set once a drain removed it (None: no drain begun).
+    removed: trio.Event | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """It may take pins (unless draining)."""
+        return self.health is Health.HEALTHY and self.circuit is Circuit.CLOSED
 
     def summary(self) -> dict[str, Any]:
         return {
             "url": self.url,
             "healthy": self.healthy,
+            "state": self.health.value,
+            "circuit": self.circuit.value,
             "draining": self.draining,
+            "model": self.model,
             "active_sessions": self.active_sessions,
             "inflight": self.inflight,
             "consecutive_failures": self.consecutive_failures,
+            "circuit_failures": self.circuit_failures,
+            "last_error": self.last_error,
             "last_checked_at": self.last_checked_at,
         }
 
@@ -81,18 +156,27 @@ class WorkerPool:
         self._settings = settings
         self._clock = clock
         self._placement = make_placement(settings.placement)
+        self._allowed_hosts = settings.allowed_worker_hosts
         self.workers: dict[str, Worker] = {}
+        # The served model: learned from the first worker that passed an
+        # admission check; every worker must list it.
+        self.served: ModelInfo | None = None
         self._probe_client = httpx.AsyncClient(
             timeout=settings.health_timeout_s,
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         )
         self._nursery: trio.Nursery | None = None
-        self._health_changed = trio.Event()
+        self._first_round = trio.Event()
+        self._changed = trio.Event()
 
     # -- membership ------------------------------------------------------------
 
     def add(self, url: str) -> Worker:
-        url = url.rstrip("/")
+        """A new worker, `JOINING`: checked at once, used once admitted."""
+        try:
+            url = worker_url(url, self._allowed_hosts)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="url") from None
         if url in self.workers:
             raise WorkerExists(f"worker {url} is already in the pool")
         settings = self._settings
@@ -103,24 +187,50 @@ class WorkerPool:
             connect_timeout_s=settings.connect_timeout_s,
         )
         worker = self.workers[url] = Worker(url=url, client=client)
+        if self._nursery is not None and self.served is not None:
+            # Before start-up learned the model, the first round admits it.
+            self._nursery.start_soon(self._admit_one, worker)
+        self._notify()
         return worker
 
     def get(self, url: str) -> Worker:
-        worker = self.workers.get(url.rstrip("/"))
+        try:
+            key = parse_worker_url(url).url
+        except ValueError:
+            key = url.rstrip("/")
+        worker = self.workers.get(key)
         if worker is None:
             raise WorkerNotFound(f"worker {url} is not in the pool")
         return worker
 
     async def remove(self, url: str) -> Worker:
-        """Drain (no new pins, in-flight turns finish), then forget the worker."""
+        """Drain (no new pins, in-flight turns finish), then forget the worker.
+
+        The drain runs in the pool, not in the caller: once begun it completes
+        even if the caller goes away (a DELETE whose client gave up). A second
+        call waits for the same drain."""
         worker = self.get(url)
-        worker.draining = True
-        if worker.inflight:
+        if worker.removed is None:
+            worker.draining = True
+            worker.removed = trio.Event()
+            self._notify()
+            if self._nursery is not None:
+                self._nursery.start_soon(self._drain, worker)
+            else:
+                with trio.CancelScope(shield=True):
+                    await self._drain(worker)
+        await worker.removed.wait()
+        return worker
+
+    async def _drain(self, worker: Worker) -> None:
+        while worker.inflight:
             await worker.idle.wait()
         if self.workers.get(worker.url) is worker:
             del self.workers[worker.url]
-            await worker.client.aclose()
-        return worker
+        await worker.client.aclose()
+        assert worker.removed is not None
+        worker.removed.set()
+        self._notify()
 
     def counts(self) -> tuple[int, int]:
         return sum(w.healthy for w in self.workers.values()), len(self.workers)
@@ -173,34 +283,47 @@ class WorkerPool:
 
     async def _close_remote_session(self, worker: Worker, session_id: str) -> None:
         # Best effort, in the background: a dead worker must not delay a DELETE
-        # or a turn.
+        # or a turn. The answer's body is never read.
         try:
-            await self._probe_client.post(
-                f"{worker.url}/close_session", json={"session_id": session_id}
-            )
+            async with self._probe_client.stream(
+                "POST", f"{worker.url}/close_session", json={"session_id": session_id}
+            ):
+                pass
         except httpx.HTTPError as exc:
             logger.info("close_session on %s failed: %s", worker.url, exc)
 
     async def _send(self, worker: Worker, session_id: str, payload: bytes) -> UpstreamReply:
+        settings = self._settings
         worker.inflight += 1
         try:
             reply = await post_chat(
-                worker.client, session_id, payload, self._settings.upstream_timeout_s
+                worker.client,
+                session_id,
+                payload,
+                settings.upstream_timeout_s,
+                settings.max_answer_bytes,
             )
-        except (NotSent, UpstreamError):
+        except (NotSent, UpstreamError, UpstreamMalformed) as exc:
             # UpstreamTimeout is not caught here: slowness is not death.
-            self._record(worker, ok=False)
+            self._turn_failed(worker, str(exc))
             raise
         finally:
             worker.inflight -= 1
             if worker.inflight == 0:
                 worker.idle.set()
                 worker.idle = trio.Event()
-        worker.consecutive_failures = 0
+        if reply.status >= 500:
+            logger.info("worker %s answered a turn with %d", worker.url, reply.status)
+            self._turn_failed(worker, f"answered a turn with {reply.status}")
+        # A 200 counts once validated: the turn path reports it.
         return reply
 
     async def chat(self, session: Session, payload: bytes) -> UpstreamReply:
-        """Send a turn to the session's worker (pinning or re-pinning it)."""
+        """Send a turn to the session's worker (pinning or re-pinning it).
+
+        A 200 is neither a success nor a failure of the worker until the
+        turn path has validated it: it then calls `report_success` or
+        `report_failure` with ``reply.worker``."""
         worker = self._pin(session)
         try:
             return await self._send(worker, session.id, payload)
@@ -215,45 +338,212 @@ class WorkerPool:
             except NotSent as second:
                 raise UpstreamError(str(second)) from None
 
+    # -- circuit breaker ---------------------------------------------------------
+
+    def report_success(self, url: str) -> None:
+        """The worker at `url` answered a turn with a valid 200."""
+        worker = self.workers.get(url)
+        if worker is not None and worker.circuit is Circuit.CLOSED:
+            worker.circuit_failures = 0
+
+    def report_failure(self, url: str, reason: str) -> None:
+        """The worker at `url` answered a turn with a 200 that failed
+        validation (`reason`: what failed)."""
+        worker = self.workers.get(url)
+        if worker is not None:
+            self._turn_failed(worker, reason)
+
+    def _turn_failed(self, worker: Worker, reason: str) -> None:
+        worker.last_error = f"turn: {reason}"
+        if worker.circuit is not Circuit.CLOSED:
+            return  # a turn sent before the circuit opened
+        worker.circuit_failures += 1
+        if worker.circuit_failures >= self._settings.circuit_failures:
+            self._open_circuit(worker)
+
+    def _open_circuit(self, worker: Worker) -> None:
+        worker.circuit = Circuit.OPEN
+        worker.circuit_opened_at = trio.current_time()
+        worker.circuit_successes = 0
+        logger.warning(
+            "worker %s: circuit open (%s); no new turns for %g s",
+            worker.url,
+            worker.last_error,
+            self._settings.circuit_open_s,
+        )
+        self._notify()
+
+    def _test_circuit(self, worker: Worker) -> None:
+        """Open long enough → half-open; half-open → one chat probe at a time."""
+        if (
+            worker.circuit is Circuit.OPEN
+            and trio.current_time() - worker.circuit_opened_at >= self._settings.circuit_open_s
+        ):
+            worker.circuit = Circuit.HALF_OPEN
+            worker.circuit_successes = 0
+            logger.info("worker %s: circuit half-open; probing its chat route", worker.url)
+            self._notify()
+        if (
+            worker.circuit is Circuit.HALF_OPEN
+            and worker.health is Health.HEALTHY
+            and not worker.chat_probing
+            and self.served is not None
+            and self._nursery is not None
+        ):
+            worker.chat_probing = True
+            self._nursery.start_soon(self._probe_chat, worker, self.served.model)
+
+    async def _probe_chat(self, worker: Worker, model: str) -> None:
+        settings = self._settings
+        reason: str | None = None
+        try:
+            reply = await post_chat(
+                worker.client,
+                PROBE_SESSION,
+                chat_probe_body(model),
+                settings.upstream_timeout_s,
+                settings.max_answer_bytes,
+            )
+            if reply.status != 200:
+                reason = f"chat probe answered {reply.status}"
+            else:
+                parse_worker_answer(reply.body, sent_prompt_tokens=1, vocab_size=_ANY_VOCAB)
+        except (NotSent, UpstreamError, UpstreamMalformed, UpstreamTimeout) as exc:
+            reason = f"chat probe: {exc}"
+        finally:
+            worker.chat_probing = False
+        if self.workers.get(worker.url) is not worker or worker.circuit is not Circuit.HALF_OPEN:
+            return
+        if reason is not None:
+            worker.last_error = reason
+            self._open_circuit(worker)
+            return
+        worker.circuit_successes += 1
+        if worker.circuit_successes >= settings.circuit_successes:
+            worker.circuit = Circuit.CLOSED
+            worker.circuit_failures = 0
+            logger.info("worker %s: circuit closed; it takes turns again", worker.url)
+        self._notify()
+
     # -- health ----------------------------------------------------------------
 
-    def _record(self, worker: Worker, *, ok: bool) -> None:
+    def _record(self, worker: Worker, *, ok: bool, reason: str | None = None) -> None:
+        """One probe's outcome: a /health probe of a healthy worker, or an
+        admission check of any other."""
         settings = self._settings
         if ok:
             worker.consecutive_successes += 1
             worker.consecutive_failures = 0
-            if not worker.healthy and worker.consecutive_successes >= settings.healthy_after:
-                worker.healthy = True
-                logger.info("worker %s is healthy again", worker.url)
-                self._notify_health()
+            if worker.health is Health.JOINING or (
+                worker.health is Health.UNHEALTHY
+                and worker.consecutive_successes >= settings.healthy_after
+            ):
+                joined = worker.health is Health.JOINING
+                worker.health = Health.HEALTHY
+                logger.info(
+                    "worker %s %s (serves %s)",
+                    worker.url,
+                    "admitted" if joined else "is healthy again",
+                    worker.model,
+                )
         else:
             worker.consecutive_failures += 1
             worker.consecutive_successes = 0
-            if worker.healthy and worker.consecutive_failures >= settings.unhealthy_after:
-                worker.healthy = False
+            if reason != worker.last_error:
+                logger.warning("worker %s: %s", worker.url, reason)
+            worker.last_error = reason
+            if (
+                worker.health is Health.HEALTHY
+                and worker.consecutive_failures >= settings.unhealthy_after
+            ):
+                worker.health = Health.UNHEALTHY
                 logger.warning("worker %s marked unhealthy", worker.url)
-                self._notify_health()
+        self._notify()
 
-    def _notify_health(self) -> None:
-        self._health_changed.set()
-        self._health_changed = trio.Event()
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once `predicate()` holds, re-checked after every change of
+        the pool (probe, state, membership) — for operators' tools and tests,
+        which must not poll."""
+        while not predicate():
+            await self._changed.wait()
 
     async def wait_for_health(self, url: str, healthy: bool) -> None:
-        """Return once the worker at `url` is (un)healthy — for operators' tools
-        and tests, which must not poll."""
-        while self.get(url).healthy is not healthy:
-            await self._health_changed.wait()
+        """Return once the worker at `url` can (or cannot) take pins."""
+        await self.wait_until(lambda: self.get(url).healthy is healthy)
 
-    async def _probe(self, worker: Worker) -> None:
+    async def _health_ok(self, worker: Worker) -> bool:
         try:
             with trio.fail_after(self._settings.health_timeout_s):
-                response = await self._probe_client.get(f"{worker.url}/health")
-            ok = response.status_code == 200
+                # The status is the answer; a body is never read.
+                async with self._probe_client.stream("GET", f"{worker.url}/health") as response:
+                    return response.status_code == 200
         except (httpx.HTTPError, trio.TooSlowError):
-            ok = False
+            return False
+
+    async def _probe(self, worker: Worker) -> None:
+        ok = await self._health_ok(worker)
         worker.last_checked_at = self._clock()
         if self.workers.get(worker.url) is worker:
-            self._record(worker, ok=ok)
+            self._record(worker, ok=ok, reason=None if ok else "GET /health did not answer 200")
+
+    async def _check(self, worker: Worker, found: dict[Worker, ModelInfo | str]) -> None:
+        """An admission check: /health, then what the worker serves (into
+        `found`: its model card, or why it is not an SGLang worker)."""
+        settings = self._settings
+        if not await self._health_ok(worker):
+            found[worker] = "GET /health did not answer 200"
+        else:
+            # Two small GETs: a probe's budget each, plus connecting.
+            deadline = settings.connect_timeout_s + 2 * settings.health_timeout_s
+            try:
+                found[worker] = await fetch_model_info(worker.client, deadline)
+            except UpstreamError as exc:
+                found[worker] = str(exc)
+        worker.last_checked_at = self._clock()
+
+    def _admit(self, found: dict[Worker, ModelInfo | str]) -> None:
+        """Record admission checks: a worker passes if it lists the served
+        model (learned here, in pool order, when not yet known)."""
+        if self.served is None:
+            for worker in self.workers.values():
+                card = found.get(worker)
+                if isinstance(card, ModelInfo):
+                    self.served = card
+                    logger.info("serving model %s (as %s reports it)", card.model, worker.url)
+                    break
+        for worker, card in found.items():
+            if self.workers.get(worker.url) is not worker:
+                continue
+            if not isinstance(card, ModelInfo):
+                self._record(worker, ok=False, reason=card)
+            elif self.served is not None and self.served.model in card.models:
+                worker.model = self.served.model
+                self._record(worker, ok=True)
+            else:
+                served = self.served.model if self.served else "?"
+                listed = ", ".join(card.models)
+                self._record(worker, ok=False, reason=f"serves {listed}, not {served}")
+
+    async def _admit_one(self, worker: Worker) -> None:
+        found: dict[Worker, ModelInfo | str] = {}
+        await self._check(worker, found)
+        self._admit(found)
+
+    async def _round(self) -> None:
+        found: dict[Worker, ModelInfo | str] = {}
+        async with trio.open_nursery() as probes:
+            for worker in list(self.workers.values()):
+                if worker.health is Health.HEALTHY:
+                    probes.start_soon(self._probe, worker)
+                else:
+                    probes.start_soon(self._check, worker, found)
+        self._admit(found)
+        for worker in list(self.workers.values()):
+            self._test_circuit(worker)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Health checks and background calls; runs until `aclose`."""
@@ -261,9 +551,8 @@ class WorkerPool:
             self._nursery = nursery
             task_status.started()
             while True:
-                async with trio.open_nursery() as probes:
-                    for worker in list(self.workers.values()):
-                        probes.start_soon(self._probe, worker)
+                await self._round()
+                self._first_round.set()
                 await trio.sleep(self._settings.health_interval_s)
 
     async def aclose(self) -> None:
@@ -274,11 +563,13 @@ class WorkerPool:
         await self._probe_client.aclose()
 
     async def model_info(self) -> ModelInfo:
-        """Model card of the first healthy worker."""
-        eligible = self._eligible()
-        if not eligible:
-            raise NoHealthyWorker("no healthy worker to ask for its model")
-        settings = self._settings
-        # Two small GETs: a probe's budget each, plus connecting.
-        deadline = settings.connect_timeout_s + 2 * settings.health_timeout_s
-        return await fetch_model_info(eligible[0].client, deadline)
+        """The served model's card, once a worker passed an admission check
+        (after the first round of checks when the pool runs)."""
+        if self.served is None and self._nursery is not None:
+            await self._first_round.wait()
+        if self.served is None:
+            retry = max(1, math.ceil(self._settings.health_interval_s))
+            raise NoHealthyWorker(
+                "no worker has answered as an SGLang worker yet", retry_after_s=retry
+            )
+        return self.served

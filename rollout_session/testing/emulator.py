@@ -97,6 +97,7 @@ class Emulator:
         self.inflight = 0
         self.completed = 0
         self.cancelled = 0  # handler cancelled before answering: the client went away
+        self.endless_ended = 0  # endless_body answers stopped: the client went away
         self.faults_injected: Counter[str] = Counter()
         self.open_sessions: set[str] = set()
         self.sessions_opened: list[str] = []
@@ -114,6 +115,10 @@ class Emulator:
         while not predicate():
             await self._changed.wait()
 
+    def note_endless_end(self) -> None:
+        self.endless_ended += 1
+        self._notify()
+
     async def wait_for_requests(self, n: int) -> None:
         await self.wait_until(lambda: self.received >= n)
 
@@ -129,6 +134,7 @@ class Emulator:
             "inflight": self.inflight,
             "completed": self.completed,
             "cancelled": self.cancelled,
+            "endless_ended": self.endless_ended,
             "faults_injected": dict(self.faults_injected),
             "open_sessions": sorted(self.open_sessions),
             "sessions_opened": self.sessions_opened,

@@ -21,7 +21,7 @@ from quart_trio import QuartTrio
 
 from rollout_session.serving import RunningServer, start_server
 from rollout_session.testing.emulator import Emulator, EmulatorConfig
-from rollout_session.testing.faults import FAULT_HEADER, DropConnectionMiddleware, error_body
+from rollout_session.testing.faults import FAULT_HEADER, BodyFaultMiddleware, error_body
 from rollout_session.testing.generation import TextModel
 
 __all__ = ["create_emulator_app", "start_emulator"]
@@ -111,7 +111,9 @@ def create_emulator_app(
     ):
         app.add_url_rule(path, view_func=view, methods=[method])
     # Quart's documented middleware hook: wrap asgi_app, keep the app object.
-    app.asgi_app = DropConnectionMiddleware(app.asgi_app)  # type: ignore[method-assign]
+    app.asgi_app = BodyFaultMiddleware(  # type: ignore[method-assign]
+        app.asgi_app, on_endless_end=emulator.note_endless_end
+    )
     return app
 
 

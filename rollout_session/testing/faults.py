@@ -4,7 +4,7 @@ Owns SGLang's flat error bodies (bad requests, too-long prompts), the fault
 names, which request gets a fault (the ``X-Emulator-Fault`` header, or the
 configured fault at a seeded rate), the broken answer each fault produces,
 and the ASGI middleware that cuts a response mid-body and drops the
-connection.
+connection, or sends a body that never ends.
 
 Broken bodies are built by serialising the real response with orjson and then
 editing bytes, because orjson (correctly) refuses to emit ``NaN``/``Infinity``.
@@ -30,10 +30,11 @@ from hypercorn.typing import (
 __all__ = [
     "DROP_AFTER_HEADER",
     "EARLY_FAULTS",
+    "ENDLESS_HEADER",
     "FAULTS",
     "FAULT_HEADER",
     "BadRequest",
-    "DropConnectionMiddleware",
+    "BodyFaultMiddleware",
     "FaultPicker",
     "Reply",
     "context_length_message",
@@ -44,8 +45,12 @@ __all__ = [
 ]
 
 FAULT_HEADER: Final = "X-Emulator-Fault"
-# Internal marker from the chat handler to the middleware; never sent to clients.
+# Internal markers from the chat handler to the middleware; never sent to clients.
 DROP_AFTER_HEADER: Final = "x-emulator-drop-after"
+ENDLESS_HEADER: Final = "x-emulator-endless"
+# What follows an endless answer's start: JSON whitespace, one object sent
+# again and again (the emulator allocates nothing per chunk).
+_FILLER: Final = b" " * (1 << 20)
 
 FAULTS: Final = (
     "http_500",  # 500 with a flat error body
@@ -64,6 +69,7 @@ FAULTS: Final = (
     "stall",  # never answers
     "drop_connection",  # 200 with Content-Length, half the body, then the connection drops
     "abort",  # a valid 200 whose request was aborted mid-decode (finish_reason abort)
+    "endless_body",  # 200, chunked, the answer's start, then whitespace without end
 )
 # Faults that answer without generating anything.
 EARLY_FAULTS: Final = frozenset({"http_500", "http_400", "stall"})
@@ -188,7 +194,7 @@ _EDITS: Final[dict[str, tuple[Callable[[dict[str, Any]], None], bytes | None]]] 
 
 
 # Body faults that do not touch meta_info.
-_PLAIN_FAULTS: Final = frozenset({"malformed_json", "drop_connection"})
+_PLAIN_FAULTS: Final = frozenset({"malformed_json", "drop_connection", "endless_body"})
 
 
 def faulty_body(fault: str, response: dict[str, Any], vocab_size: int) -> bytes:
@@ -207,6 +213,8 @@ def faulty_body(fault: str, response: dict[str, Any], vocab_size: int) -> bytes:
     body = orjson.dumps(response)
     if fault == "malformed_json":
         return body[: len(body) // 2]
+    if fault == "endless_body":
+        return body[:-1] + b","  # the object stays open; whitespace follows
     return body
 
 
@@ -225,6 +233,8 @@ def fault_reply(fault: str, response: dict[str, Any], vocab_size: int) -> Reply:
     body = faulty_body(fault, response, vocab_size)
     if fault == "drop_connection":
         return Reply(200, body, {DROP_AFTER_HEADER: str(len(body) // 2)})
+    if fault == "endless_body":
+        return Reply(200, body, {ENDLESS_HEADER: "1"})
     return Reply(200, body)
 
 
@@ -232,15 +242,25 @@ class _ConnectionDropped(Exception):
     """Unwinds the app once the partial body is out, so nothing completes the response."""
 
 
-class DropConnectionMiddleware:
-    """ASGI wrapper: a response carrying ``DROP_AFTER_HEADER: n`` sends its status,
-    headers (Content-Length of the full body) and the first ``n`` body bytes,
-    then aborts. The server then closes the connection with the body
-    incomplete, which an HTTP client sees as a protocol/read error.
+class BodyFaultMiddleware:
+    """ASGI wrapper for the faults that break a response's framing.
+
+    A response carrying ``DROP_AFTER_HEADER: n`` sends its status, headers
+    (Content-Length of the full body) and the first ``n`` body bytes, then
+    aborts. The server then closes the connection with the body incomplete,
+    which an HTTP client sees as a protocol/read error.
+
+    A response carrying ``ENDLESS_HEADER`` is sent without a Content-Length
+    (so chunked), its body followed by whitespace without end, until the
+    client goes away (the app is then cancelled, as for any disconnect).
     """
 
-    def __init__(self, app: ASGIFramework) -> None:
+    def __init__(
+        self, app: ASGIFramework, on_endless_end: Callable[[], None] | None = None
+    ) -> None:
         self._app = app
+        # Called once an endless body stops (its client went away).
+        self._on_endless_end = on_endless_end
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -249,21 +269,38 @@ class DropConnectionMiddleware:
             await self._app(scope, receive, send)
             return
         drop_after: int | None = None
+        endless = False
 
         async def guarded_send(message: ASGISendEvent) -> None:
-            nonlocal drop_after
+            nonlocal drop_after, endless
             if message["type"] == "http.response.start":
+                raw = list(message["headers"])
+                endless = any(name.lower() == ENDLESS_HEADER.encode() for name, _ in raw)
                 headers = []
-                for name, value in message["headers"]:
-                    if name.lower() == DROP_AFTER_HEADER.encode():
+                for name, value in raw:
+                    lowered = name.lower()
+                    if lowered == DROP_AFTER_HEADER.encode():
                         drop_after = int(value)
-                    else:
+                    elif lowered != ENDLESS_HEADER.encode() and not (
+                        endless and lowered == b"content-length"
+                    ):
                         headers.append((name, value))
                 message = {**message, "headers": headers}
             elif message["type"] == "http.response.body" and drop_after is not None:
                 body = bytes(message.get("body", b""))[:drop_after]
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 raise _ConnectionDropped
+            elif message["type"] == "http.response.body" and endless:
+                body = bytes(message.get("body", b""))
+                try:
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    while True:
+                        await send(
+                            {"type": "http.response.body", "body": _FILLER, "more_body": True}
+                        )
+                finally:
+                    if self._on_endless_end is not None:
+                        self._on_endless_end()
             await send(message)
 
         try:

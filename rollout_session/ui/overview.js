@@ -27,7 +27,10 @@ function sessionRow(s) {
 }
 
 function workerRow(w) {
-  const health = w.draining ? 'draining' : w.healthy ? 'healthy' : 'unhealthy';
+  // Joining: not admitted yet; fenced: failed turns opened its circuit.
+  const health = w.draining ? 'draining' : w.healthy ? 'healthy'
+    : w.state === 'joining' ? 'joining'
+    : w.state === 'healthy' && w.circuit !== 'closed' ? 'fenced' : 'unhealthy';
   return h('tr', { class: 'worker-row' },
     h('td', { class: 'url' }, w.url),
     h('td', {}, badge(health)),

@@ -24,6 +24,7 @@ from rollout_session.upstream import (
 
 ANSWER = b'{"ok": true}'
 LARGE = bytes(range(256)) * (3 * 4096)  # 3 MiB
+ANY_SIZE = 1 << 30  # no answer here comes near --max-answer-mb
 
 
 @dataclass
@@ -127,7 +128,7 @@ def client_for(origin: Origin, max_connections: int = 4) -> WorkerClient:
 async def test_sequential_requests_share_one_connection(origin: Origin) -> None:
     client = client_for(origin)
     for i in range(5):
-        reply = await post_chat(client, f"s{i}", b"{}", 10.0)
+        reply = await post_chat(client, f"s{i}", b"{}", 10.0, ANY_SIZE)
         assert (reply.status, reply.body) == (200, ANSWER)
         assert reply.headers == [(b"content-type", b"application/json")]
     assert origin.connections == 1
@@ -156,8 +157,8 @@ async def test_large_answers_are_read_in_large_reads(
     per_request = []
     for target in ("/ok", "/ok", "/large", "/ok", "/large"):
         asked.clear()
-        response = await client.request(b"POST", target, [], b"{}")
-        assert response.content == (LARGE if target == "/large" else ANSWER)
+        response = await client.request(b"POST", target, [], b"{}", max_bytes=ANY_SIZE)
+        assert response.body == (LARGE if target == "/large" else ANSWER)
         per_request.append(list(asked))
     # Small answers: httpcore's 64 KiB reads (no 1 MiB buffer for 12 bytes).
     assert per_request[0] == per_request[1] == [64 * 1024]
@@ -172,7 +173,9 @@ async def test_concurrent_requests_are_bounded_by_max_connections(origin: Origin
     client = client_for(origin, max_connections=2)
     async with trio.open_nursery() as nursery:
         for _ in range(5):
-            nursery.start_soon(client.request, b"POST", "/hold", [], b"{}")
+            nursery.start_soon(
+                functools.partial(client.request, max_bytes=ANY_SIZE), b"POST", "/hold", [], b"{}"
+            )
         await origin.wait_for(lambda: len(origin.requests) == 2)
         origin.release.set()
     assert len(origin.requests) == 5
@@ -184,13 +187,15 @@ async def test_cancelled_exchange_closes_its_connection(origin: Origin) -> None:
     client = client_for(origin)
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.request, b"POST", "/hold", [], b"{}")
+            nursery.start_soon(
+                functools.partial(client.request, max_bytes=ANY_SIZE), b"POST", "/hold", [], b"{}"
+            )
             await origin.wait_for(lambda: len(origin.requests) == 1)
             scope.cancel()
     # The worker sees the disconnect (SGLang aborts the request on it) ...
     await origin.wait_for(lambda: origin.open_now == 0)
     # ... and the next exchange gets a fresh connection.
-    reply = await post_chat(client, "s", b"{}", 10.0)
+    reply = await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
     assert reply.status == 200
     assert origin.connections == 2
     await client.aclose()
@@ -198,12 +203,12 @@ async def test_cancelled_exchange_closes_its_connection(origin: Origin) -> None:
 
 async def test_connection_closed_by_the_worker_is_not_reused(origin: Origin) -> None:
     client = client_for(origin)
-    response = await client.request(b"POST", "/close", [], b"{}")
+    response = await client.request(b"POST", "/close", [], b"{}", max_bytes=ANY_SIZE)
     assert response.status == 200
     await origin.wait_for(lambda: origin.open_now == 0)
     # Had the idle connection been reused, this would fail with "server
     # disconnected" (a 502 for the agent); instead a new one is opened.
-    reply = await post_chat(client, "s", b"{}", 10.0)
+    reply = await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
     assert reply.status == 200
     assert origin.connections == 2
     await client.aclose()
@@ -219,13 +224,13 @@ async def test_refused_connection_is_not_sent_and_a_closed_client_sends_nothing(
     dead = f"http://127.0.0.1:{port}"  # bound, never listening: refused
     client = WorkerClient(dead, max_connections=2, timeout_s=10.0, connect_timeout_s=5.0)
     with pytest.raises(NotSent):
-        await post_chat(client, "s", b"{}", 10.0)
+        await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
     with pytest.raises(UpstreamError, match="cannot read model info"):
         await fetch_model_info(client, 5.0)
     closed = client_for(origin)
     await closed.aclose()
     with pytest.raises(httpcore.ConnectError):
-        await closed.request(b"GET", "/", [])
+        await closed.request(b"GET", "/", [], max_bytes=ANY_SIZE)
     assert origin.connections == 0
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import trio
 
 from rollout_session.testing import EmulatorConfig
+from rollout_session.workers import Health
 
 from ..conftest import Stack, StackFactory, spawn_worker
 from .test_turns import check_document, echo
@@ -161,6 +162,10 @@ async def test_admin_add_and_drain_a_worker_with_a_turn_in_flight(
     slow = await spawn_worker(nursery, text_model, EmulatorConfig(base_latency_s=0.5))
     added = await stack.client.post("/workers", json={"url": slow.url})
     assert added.status_code == 201 and added.json()["url"] == slow.url
+    # It joins unhealthy and takes sessions once its admission check passed.
+    assert added.json()["state"] == "joining" and not added.json()["healthy"]
+    with trio.fail_after(10):
+        await stack.ctx.pool.wait_for_health(slow.url, healthy=True)
     again = await stack.client.post("/workers", json={"url": slow.url})
     assert again.status_code == 409 and again.json()["error"]["code"] == "worker_exists"
     # Fill the first worker so the next session is pinned to the slow one.
@@ -214,7 +219,7 @@ async def test_sglang_session_cache_closes_a_moved_session_on_its_old_worker(
     new = next(w for w in stack.workers if w is not old)
     # The health checker gave up on the old worker (its /health timed out,
     # say) but it still runs and still holds the session's KV.
-    pool.workers[old.url].healthy = False
+    pool.workers[old.url].health = Health.UNHEALTHY
     doc = await stack.trajectory(session_id)
     response = await stack.chat(session_id, messages=[*doc["messages"], USER_NEXT])
     assert response.status_code == 200, response.text
