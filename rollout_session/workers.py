@@ -161,7 +161,11 @@ class WorkerPool:
         # The served model: learned from the first worker that passed an
         # admission check; every worker must list it.
         self.served: ModelInfo | None = None
+        # trust_env=False: probes reach a worker the way its traffic does
+        # (`WorkerClient` never reads HTTP(S)_PROXY), so a proxy in the
+        # environment cannot make a worker look dead, or alive, to one only.
         self._probe_client = httpx.AsyncClient(
+            trust_env=False,
             timeout=settings.health_timeout_s,
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import httpx
+import pytest
 import trio
 
 from rollout_session.testing import EmulatorConfig
@@ -228,3 +230,25 @@ async def test_sglang_session_cache_closes_a_moved_session_on_its_old_worker(
         await old.emulator.wait_until(lambda: session_id in old.emulator.sessions_closed)
     assert new.emulator.sessions_closed == []
     assert [pool.workers[w.url].active_sessions for w in (old, new)] == [0, 1]
+
+
+async def test_a_proxy_in_the_environment_changes_neither_probes_nor_traffic(
+    make_stack: StackFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy that does not exist: whatever goes through it fails.
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    stack = await make_stack()
+    # The test's own client must not take the proxy either.
+    async with httpx.AsyncClient(base_url=stack.url, trust_env=False) as client:
+        created = await client.post("/sessions", json={})
+        session_id = created.json()["session_id"]
+        chat = await client.post(
+            f"/sessions/{session_id}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert chat.status_code == 200, chat.text
+        workers = (await client.get("/workers")).json()["workers"]
+    assert [w["healthy"] for w in workers] == [True]
