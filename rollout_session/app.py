@@ -88,7 +88,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         ),
         pause=PauseGate(settings.pause_wait_s),
         metrics=Metrics(lambda: ctx),
-        model=ServedModel(settings.context_length),
+        model=ServedModel(pool, settings.context_length),
         tokenizer=tokenizer,
     )
     app.extensions[_EXTENSION] = ctx
@@ -154,11 +154,12 @@ async def _load_model(ctx: ServerContext) -> ChatTokenizer:
     """Learn the served model and load the tokenizer before taking requests.
 
     Without --tokenizer the worker must answer (it names its tokenizer); with
-    one, an unreachable worker only delays the model card until first use.
+    one, an unreachable worker only delays the model card until one passes
+    admission.
     """
     settings = ctx.settings
     try:
-        ctx.model.info = await ctx.pool.model_info()
+        await ctx.pool.model_info()
     except (UpstreamError, NoHealthyWorker):
         if settings.tokenizer is None and ctx.tokenizer is None:
             raise

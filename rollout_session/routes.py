@@ -144,10 +144,9 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.get("/sessions/<session_id>/v1/models")
     async def list_models(session_id: str) -> Response:
         registry.get(session_id)
-        info = ctx.model.info
-        if info is None:
-            # Startup could not reach the worker; ask now and keep the answer.
-            info = ctx.model.info = await ctx.pool.model_info()
+        # At once once a worker passed admission (the card is kept after);
+        # 503 no_healthy_worker until then.
+        info = await ctx.pool.model_info()
         return json_response(
             {
                 "object": "list",
