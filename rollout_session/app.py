@@ -20,6 +20,7 @@ from werkzeug.datastructures import Headers
 
 from .admin import register_admin_routes
 from .answer_validator import AnswerValidator
+from .auth import Gate
 from .chat_route import chat_route
 from .config import Settings
 from .context import ServerContext
@@ -138,13 +139,13 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     register_routes(app, ctx)
     register_admin_routes(app, ctx)
     register_inspector_routes(app, ctx)
+    gate = Gate.of(settings, is_public=is_public)
     # Quart's documented middleware hook: wrap asgi_app, keep the app object.
     app.asgi_app = HttpEdge(  # type: ignore[method-assign]
         app.asgi_app,
         routes=app.url_map.bind("localhost"),
         fast_route=chat_route(ctx),
-        api_key=settings.api_key,
-        is_public=is_public,
+        authorize=gate.check if gate is not None else None,
         max_body_bytes=settings.max_body_bytes,
     )
     return app

@@ -81,6 +81,7 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         _csv,
         "allowed worker hosts: names, IPs, CIDR networks, each with an optional :port",
     ),
+    ("--max-connections", "max_connections", int, "open client connections; more wait"),
     ("--placement", "placement", str, "sticky-least-loaded, consistent-hash, round-robin"),
     ("--health-interval-s", "health_interval_s", float, "seconds between worker probes"),
     ("--health-timeout-s", "health_timeout_s", float, "worker probe timeout"),
@@ -89,7 +90,8 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--circuit-failures", "circuit_failures", int, "consecutive failed turns → circuit open"),
     ("--circuit-successes", "circuit_successes", int, "half-open chat probes → circuit closed"),
     ("--circuit-open-s", "circuit_open_s", float, "seconds open before half-open probes"),
-    ("--api-key", "api_key", str, "require Authorization: Bearer KEY (all but /health)"),
+    ("--api-key", "api_key", str, "the trainer's key: sessions need it (docs/security.md)"),
+    ("--admin-api-key", "admin_api_key", str, "the operator's key: workers, pause, metrics"),
     ("--session-ttl-s", "session_ttl_s", _optional_float, "idle expiry ('none' = never)"),
     ("--keep-closed-s", "keep_closed_s", float, "keep expired sessions for collection"),
     ("--max-sessions", "max_sessions", int, "more → 429 too_many_sessions"),
@@ -175,24 +177,71 @@ async def serve(settings: Settings) -> None:
             if settings.demo:
                 settings = await _start_demo_workers(nursery, settings)
             app = create_app(settings)
+            # Returns once the app has started and the socket listens (a
+            # failed start raises instead: nothing below is printed).
             server = await start_server(
                 nursery,
                 app,
                 host=settings.host,
                 port=settings.port,
+                max_connections=_connection_cap(settings),
                 graceful_timeout=settings.shutdown_grace_s,
             )
             # Startup is done: what is loaded now (tokenizer, templates, modules)
             # lives as long as the process; keep it out of every later GC pass
             # (docs/performance.md#gc-freeze-after-start-up).
             gc.freeze()
+            auth = ' -H "Authorization: Bearer $KEY"' if settings.api_key else ""
             print(f"rollout-session listening on {server.url}", flush=True)
-            print(f"  create a session: curl -X POST {server.url}/sessions", flush=True)
+            print(f"  create a session: curl -X POST{auth} {server.url}/sessions", flush=True)
             print(f"  inspector: {server.url}/ui", flush=True)
             async for _ in signals:
                 break
             await server.aclose()
             nursery.cancel_scope.cancel()
+
+
+# Descriptors the server needs besides client and worker connections: the
+# event loop's, the journal's, validation processes' pipes, tokenizer files.
+_FD_RESERVE = 128
+
+
+def connection_cap(max_connections: int, reserve: int, fd_limit: int) -> int:
+    """`max_connections`, or fewer if the process could not hold them and
+    `reserve` more descriptors (`fd_limit` < 0: unlimited)."""
+    if fd_limit < 0 or max_connections + reserve <= fd_limit:
+        return max_connections
+    return max(1, fd_limit - reserve)
+
+
+def _connection_cap(settings: Settings) -> int:
+    """--max-connections within the descriptors this process may open, after
+    raising its soft limit toward the hard one as far as it needs (as vLLM's
+    and SGLang's servers raise theirs); a lower cap is logged."""
+    import resource
+
+    reserve = _FD_RESERVE + settings.upstream_max_connections * max(1, len(settings.workers))
+    wanted = settings.max_connections + reserve
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # keep the limit we have
+    limit = -1 if soft == resource.RLIM_INFINITY else soft
+    cap = connection_cap(settings.max_connections, reserve, limit)
+    if cap < settings.max_connections:
+        logging.getLogger("rollout_session").warning(
+            "the file descriptor limit (%d) holds %d client connections, not "
+            "--max-connections %d: connections are capped at %d",
+            soft,
+            cap,
+            settings.max_connections,
+            cap,
+        )
+    return cap
 
 
 async def _start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
@@ -307,10 +356,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _startup_failure(exc: BaseException) -> str | None:
-    """The reason the app's start-up gave, found inside `exc` (hypercorn
-    reports it as a lifespan failure, trio wraps that in exception groups)."""
+    """Why the server could not start, found inside `exc`: the address could
+    not be bound, or the app's start-up failed (hypercorn reports that as a
+    lifespan failure); trio wraps either in exception groups."""
     from hypercorn.utils import LifespanFailureError
 
+    from .serving import CannotListen
+
+    if isinstance(exc, CannotListen):
+        return str(exc)
     if isinstance(exc, LifespanFailureError):
         # Raised while handling the app's own exception: that one says why.
         cause = exc.__cause__ or exc.__context__

@@ -13,6 +13,11 @@ close is retried when the request never reached the server. A close whose
 answer was lost after the server acted cannot be replayed — the server has
 already handed the trajectory over and forgotten it — and raises
 `TrajectoryLost` rather than pretending.
+
+Each `SessionHandle` carries what its agent needs: ``base_url`` and, on a
+server with ``--api-key``, ``api_key``, the session's own key, which reaches
+that session's model routes and nothing else (docs/security.md). Give the
+agent those two, never the client's own key.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
@@ -50,6 +55,9 @@ class SessionHandle:
     server: str
     # Give this to the agent as its OpenAI base_url.
     base_url: str
+    # And this as its OpenAI api_key: the session's own key (None when the
+    # server runs without --api-key: any string will do then).
+    api_key: str | None = None
 
 
 def _score(server: str, session_id: str) -> int:
@@ -139,10 +147,13 @@ class SessionClient:
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         response, retried = await self._send("POST", f"{handle.server}/sessions", json=body)
-        # A retried create that finds its own id means the first one landed.
-        if not (retried and response.status_code == 409):
-            self._raise_for(response)
-        return handle
+        if retried and response.status_code == 409:
+            # A retried create that finds its own id means the first one
+            # landed; its answer, with the session's key, was lost: ask again.
+            response, _ = await self._send("GET", f"{handle.server}/sessions/{handle.session_id}")
+        self._raise_for(response)
+        api_key = orjson.loads(response.content).get("api_key")
+        return replace(handle, api_key=api_key if isinstance(api_key, str) else None)
 
     async def trajectory(
         self, session_id: str, *, include: Sequence[str] | None = None, sample: bool = False

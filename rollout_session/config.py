@@ -59,7 +59,11 @@ class Settings:
     # does not stall the loop (docs/performance.md#validation-off-the-loop).
     parse_processes: int = 2
     process_threshold_kb: int = 256
-    max_body_mb: float = 64.0
+    # Text-only chat bodies are bounded by the context: a 1M-token conversation
+    # is a few MB of JSON (docs/security.md#request-bodies).
+    max_body_mb: float = 16.0
+    # Open client connections; more wait in the listen backlog until one closes.
+    max_connections: int = 4096
     # A worker's answer over this is refused (502) and its connection closed;
     # None = 64, or 1024 with routed_experts.
     max_answer_mb: float | None = None
@@ -80,8 +84,12 @@ class Settings:
     sglang_session_cache: bool = False
     # R3: ask workers for routed experts of new positions; store and export them.
     routed_experts: bool = False
-    # Every route but /health needs "Authorization: Bearer <api_key>" when set.
+    # The trainer's key: sessions and their model routes need it (or a
+    # session's own key, derived from it) when set (docs/security.md).
     api_key: str | None = None
+    # The operator's key: workers, pause/resume and /metrics need it when set
+    # (else the trainer's key reaches them).
+    admin_api_key: str | None = None
     # Idle sessions expire after this (per-session `ttl_s` overrides); None = never.
     session_ttl_s: float | None = 3600.0
     # Expired sessions' documents are kept this long for collection.
@@ -91,8 +99,9 @@ class Settings:
     max_session_tokens: int | None = None
     # While paused (weight sync), new turns wait this long, then 503 server_paused.
     pause_wait_s: float = 30.0
-    # SIGTERM: in-flight turns get this long to finish before they are cancelled.
-    shutdown_grace_s: float = 30.0
+    # SIGTERM: in-flight turns get this long to finish before they are
+    # cancelled; below Kubernetes' default 30 s grace, leaving time to close.
+    shutdown_grace_s: float = 25.0
     # Durable journal directory (None = off) and its fsync policy.
     journal: str | None = None
     journal_fsync: str = "interval"
@@ -132,8 +141,15 @@ class Settings:
             _positive("session_ttl_s", self.session_ttl_s)
         if self.journal_fsync not in {"always", "interval", "never"}:
             raise ValueError("journal_fsync must be always, interval or never")
-        if self.api_key is not None and not self.api_key:
-            raise ValueError("api_key must not be empty")
+        for name in ("api_key", "admin_api_key"):
+            key = getattr(self, name)
+            # A key a client cannot send in a header could never match.
+            if key is not None and not (
+                key and key.isascii() and key.isprintable() and key == key.strip()
+            ):
+                raise ValueError(f"{name} must be printable ASCII, not empty, not padded")
+        if self.admin_api_key is not None and self.admin_api_key == self.api_key:
+            raise ValueError("admin_api_key must differ from api_key (each is one role's key)")
         if self.max_session_tokens is not None and self.max_session_tokens < 1:
             raise ValueError("max_session_tokens must be >= 1")
         if self.placement not in PLACEMENTS:
@@ -147,6 +163,7 @@ class Settings:
             "circuit_failures",
             "circuit_successes",
             "max_sessions",
+            "max_connections",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

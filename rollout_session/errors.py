@@ -12,7 +12,7 @@ Tree::
     ├── ClientError (4xx, the request is at fault)
     │   ├── InvalidRequest (TemplateCannotExtend), TrajectoryDiverged,
 │   │   ContextLengthExceeded
-    │   ├── Unauthorized, RouteNotFound, MethodNotAllowed
+    │   ├── Unauthorized, PermissionDenied, RouteNotFound, MethodNotAllowed
     │   ├── SessionNotFound, SessionClosing, SessionBusy, SessionExists
     │   ├── RequestTooLarge, TooManySessions, WorkerExists, WorkerNotFound
     └── ServerError (5xx)
@@ -37,6 +37,7 @@ __all__ = [
     "JournalUnavailable",
     "MethodNotAllowed",
     "NoHealthyWorker",
+    "PermissionDenied",
     "RequestTooLarge",
     "RolloutSessionError",
     "RouteNotFound",
@@ -137,6 +138,16 @@ class Unauthorized(ClientError):
     status_code = 401
     code = "unauthorized"
     error_type = "authentication_error"
+
+
+class PermissionDenied(ClientError):
+    """A valid key that does not reach this route (the trainer's key on an
+    operator route): OpenAI's 403, which its SDK raises as
+    ``PermissionDeniedError``."""
+
+    status_code = 403
+    code = "permission_denied"
+    error_type = "permission_error"
 
 
 class RouteNotFound(ClientError):

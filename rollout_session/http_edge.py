@@ -7,9 +7,14 @@ Quart's and the fast chat route alike, it owns:
   strips it), matched against the fast route, then Quart's URL map; an
   unknown path is 404 ``not_found``, another method 405
   ``method_not_allowed`` (with ``Allow``);
-- **the API key**: ``Authorization: Bearer <key>``, compared in constant
-  time, checked before the route is matched (an unknown path is 401 too),
-  except on the public paths the app names (``/health``, the inspector page);
+- **the request's framing**: a request carrying both ``Content-Length`` and
+  ``Transfer-Encoding`` is refused (400) and its connection closed after its
+  chunked body, with nothing after it read (RFC 9112 §6.1: behind a proxy
+  that framed it by its length, the rest would be read here as a second,
+  smuggled request);
+- **the API key**: ``Authorization: Bearer <key>`` (the scheme in any case),
+  checked by the app's `authorize` (`auth.Gate`: which key reaches which
+  route) before the route is matched, so an unknown path is 401 too;
 - **the request body**: read whole before any handler runs, up to the body
   limit (413 ``request_too_large``) and within `BODY_TIMEOUT_S` (400);
 - **error rendering**: every failure as the OpenAI error body of
@@ -26,6 +31,14 @@ dropped, with the same bounds); a body that cannot be read (over the limit,
 too slow) gets its answer with ``Connection: close``, and hypercorn closes
 the connection after it.
 
+Keep-alive after the answer. Hypercorn makes a connection idle (its
+keep-alive timeout, and the close at shutdown) in the task that sends the
+last body message, after it has told the app the exchange ended; Quart-Trio
+and the fast route cancel that task as soon as they hear it, and the
+cancelled connection was never made idle: it stayed open until the client
+closed it, past the keep-alive timeout and past a SIGTERM, which then waited
+out its whole grace. So the last body message is sent shielded.
+
 The fast route exists for speed: every agent turn is a chat request, and
 Quart's per-request machinery (request and app contexts, a task, werkzeug
 headers) would cost more than the rest of the edge together. It is served
@@ -35,7 +48,6 @@ handler.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -47,6 +59,7 @@ from hypercorn.typing import (
     ASGIReceiveCallable,
     ASGIReceiveEvent,
     ASGISendCallable,
+    ASGISendEvent,
     HTTPResponseBodyEvent,
     HTTPResponseStartEvent,
     HTTPScope,
@@ -63,7 +76,6 @@ from .errors import (
     RequestTooLarge,
     RolloutSessionError,
     RouteNotFound,
-    Unauthorized,
 )
 
 __all__ = [
@@ -158,7 +170,22 @@ async def send_response(send: ASGISendCallable, response: RawResponse) -> None:
     status, headers, body = response
     headers = [*headers, (b"content-length", str(len(body)).encode())]
     await send(HTTPResponseStartEvent(type="http.response.start", status=status, headers=headers))
-    await send(HTTPResponseBodyEvent(type="http.response.body", body=body, more_body=False))
+    # Shielded: hypercorn makes the connection idle in this call (module doc).
+    with trio.CancelScope(shield=True):
+        await send(HTTPResponseBodyEvent(type="http.response.body", body=body, more_body=False))
+
+
+def _shield_last_body(send: ASGISendCallable) -> ASGISendCallable:
+    """`send` for Quart, its last body message shielded (module doc)."""
+
+    async def shielded(message: ASGISendEvent) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            with trio.CancelScope(shield=True):
+                await send(message)
+        else:
+            await send(message)
+
+    return shielded
 
 
 class _ClientGone(Exception):
@@ -168,8 +195,10 @@ class _ClientGone(Exception):
 class HttpEdge:
     """ASGI middleware: the edge for every request, then the fast route or `app`.
 
-    `app` is Quart's ASGI callable; `routes` its URL map, bound. `is_public`
-    (method, path) says which requests need no API key.
+    `app` is Quart's ASGI callable; `routes` its URL map, bound.
+    `authorize` (method, path below the root path or None, the
+    ``Authorization`` header) raises the error to answer with when the
+    request's key does not reach its route; None: no route needs a key.
     """
 
     def __init__(
@@ -178,15 +207,13 @@ class HttpEdge:
         *,
         routes: MapAdapter,
         fast_route: FastRoute,
-        api_key: str | None,
-        is_public: Callable[[str, str], bool],
+        authorize: Callable[[str, str | None, bytes], None] | None,
         max_body_bytes: int,
     ) -> None:
         self._app = app
         self._routes = routes
         self._fast = fast_route
-        self._expected_auth = None if api_key is None else f"Bearer {api_key}".encode()
-        self._is_public = is_public
+        self._authorize = authorize
         self._limit = max_body_bytes
 
     async def __call__(
@@ -194,6 +221,12 @@ class HttpEdge:
     ) -> None:
         if scope["type"] != "http":  # lifespan (Quart's startup, shutdown); no websockets
             await self._app(scope, receive, send)
+            return
+        if _ambiguous_framing(scope["headers"]):
+            refusal = InvalidRequest(
+                "a request may not carry both Content-Length and Transfer-Encoding"
+            )
+            await self._refuse(scope, receive, send, refusal, close=True)
             return
         try:
             fast_arg = self._resolve(scope)
@@ -208,7 +241,7 @@ class HttpEdge:
             await send_response(send, _closing(error_response(error)))
             return
         if fast_arg is None:
-            await self._app(scope, _replay(body, receive), send)
+            await self._app(scope, _replay(body, receive), _shield_last_body(send))
         else:
             await self._serve_fast(fast_arg, body, receive, send)
 
@@ -217,10 +250,8 @@ class HttpEdge:
         for Quart's routes. Raises the error to answer with."""
         method = scope["method"]
         path = route_path(scope)
-        if self._expected_auth is not None and not (
-            path is not None and self._is_public(method, path)
-        ):
-            _check_key(self._expected_auth, _header(scope["headers"], b"authorization"))
+        if self._authorize is not None:
+            self._authorize(method, path, _header(scope["headers"], b"authorization"))
         if path is None:
             raise RouteNotFound("no such route")
         fast_arg = self._fast.match(path)
@@ -248,15 +279,21 @@ class HttpEdge:
         receive: ASGIReceiveCallable,
         send: ASGISendCallable,
         refusal: RolloutSessionError,
+        *,
+        close: bool = False,
     ) -> None:
+        """Answer `refusal` once the body is drained (or cannot be), closing
+        the connection after it if `close`. Drained first even then: h11
+        fails a connection whose peer sends bytes past a body it was still
+        reading when a closing answer went out, and cuts that answer off."""
         response = error_response(refusal)
         try:
             await self._read_body(scope, receive, keep=False)  # drain
         except _ClientGone:
             return
         except RolloutSessionError:
-            response = _closing(response)
-        await send_response(send, response)
+            close = True
+        await send_response(send, _closing(response) if close else response)
 
     async def _read_body(
         self, scope: HTTPScope, receive: ASGIReceiveCallable, *, keep: bool
@@ -297,10 +334,16 @@ class HttpEdge:
             nursery.cancel_scope.cancel()
 
 
-def _check_key(expected: bytes, authorization: bytes) -> None:
-    # Constant-time: the comparison must not leak how much of a guess matched.
-    if not hmac.compare_digest(authorization, expected):
-        raise Unauthorized("missing or wrong API key (Authorization: Bearer <key>)")
+def _ambiguous_framing(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Both Content-Length and Transfer-Encoding (h11 lets Transfer-Encoding
+    win, as RFC 9112 allows, and would keep the connection)."""
+    length = chunked = False
+    for name, _ in headers:
+        if name == b"content-length":
+            length = True
+        elif name == b"transfer-encoding":
+            chunked = True
+    return length and chunked
 
 
 def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes:

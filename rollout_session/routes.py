@@ -15,6 +15,7 @@ import orjson
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from .auth import SessionKeys
 from .context import ServerContext
 from .errors import InvalidRequest
 from .export import ExportStatus, export_document, parse_include, sample_view, serialize
@@ -83,6 +84,10 @@ def _page_args(args: Any) -> tuple[SessionState | None, int, str | None]:
 def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     store = ctx.store
     registry = store.registry
+    session_keys = SessionKeys.of(ctx.settings)
+
+    def session_key(session_id: str) -> str | None:
+        return None if session_keys is None else session_keys.key(session_id)
 
     @app.get("/health")
     async def health() -> Response:
@@ -104,6 +109,8 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
             {
                 "session_id": session.id,
                 "base_url": f"/sessions/{session.id}/v1",
+                # The agent's API key: it reaches this session's /v1 routes only.
+                "api_key": session_key(session.id),
                 "created_at": session.created_at,
             },
             status=201,
@@ -117,7 +124,9 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
 
     @app.get("/sessions/<session_id>")
     async def get_session(session_id: str) -> Response:
-        return json_response(registry.get(session_id).summary())
+        # The key again: a trainer whose create answer was lost needs it.
+        summary = registry.get(session_id).summary()
+        return json_response({**summary, "api_key": session_key(session_id)})
 
     @app.get("/sessions/<session_id>/trajectory")
     async def get_trajectory(session_id: str) -> Response:

@@ -1,20 +1,62 @@
 """Running an ASGI app on hypercorn's trio worker inside a caller's nursery.
 
 One helper for the CLI, the demo, tests and benchmarks: bind (port 0 picks a
-free port), report the bound URL, and shut down gracefully when asked.
+free port), start the app, listen, report the bound URL, and shut down
+gracefully when asked.
+
+`_serve` is hypercorn's trio ``worker_serve`` loop (plain HTTP; TLS ends at a
+proxy), built from hypercorn's own lifespan, connection and worker-context
+classes, with what that loop lacks:
+
+- **the URL is reported once the server listens**: the socket is bound
+  before the app starts (a port in use fails at once, as `CannotListen`),
+  listens only once the app's start-up has completed, and only then is the
+  URL reported. Hypercorn reported it, and listened, when the start-up had
+  failed too (its ``wait_for_startup`` returns either way);
+- **a connection cap**: at most ``max_connections`` connections are open;
+  the next ones wait in the kernel's listen backlog until one closes. When
+  the process runs out of file descriptors anyway (``accept`` failing with
+  EMFILE), accepting waits for a connection to close instead of retrying
+  every 100 ms with an error logged each time (trio's `serve_listeners`);
+  either is logged at most once a minute;
+- **a connection ends with its client**: hypercorn's waited for its idle
+  timer after the client had closed (`_TCPServer`);
+- **shutdown**: the listener closes, idle keep-alive connections close at
+  once (hypercorn's ``terminated`` event; the HTTP edge keeps connections
+  idle-able, see `http_edge`), requests in flight get ``graceful_timeout``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import errno
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve
-from hypercorn.typing import Framework
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import AppWrapper, ASGISendEvent, ConnectionState, Framework, LifespanState
+from hypercorn.utils import repr_socket_addr, wrap_app
 
-__all__ = ["RunningServer", "hypercorn_config", "start_server"]
+__all__ = ["CannotListen", "RunningServer", "hypercorn_config", "start_server"]
+
+logger = logging.getLogger("rollout_session")
+
+# Each condition is logged at most this often: a full server must not flood its log.
+_WARN_EVERY_S = 60.0
+# Out of descriptors, and no connection of ours closed: try accept again after this.
+_FD_RETRY_S = 1.0
+_OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+class CannotListen(Exception):
+    """The address could not be bound (in use, not local, not permitted)."""
 
 
 def hypercorn_config(host: str, port: int, *, graceful_timeout_s: float = 5.0) -> Config:
@@ -29,13 +71,194 @@ def hypercorn_config(host: str, port: int, *, graceful_timeout_s: float = 5.0) -
     return config
 
 
+class _Connections:
+    """The open connections, at most `cap` (mutated on the loop only).
+
+    A listener reserves a slot before it accepts (`reserve`), then either
+    fills it (`accepted`) or gives it back (`unreserve`); a connection's
+    handler frees its slot when the connection ends (`closed`).
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.open = 0  # accepted, not yet ended
+        self._slots = 0  # open + reserved
+        self._freed = trio.Event()  # set (and replaced) whenever a slot frees
+        self._warned_at: dict[str, float] = {}
+
+    async def reserve(self) -> None:
+        while self._slots >= self.cap:
+            self.warn(
+                "full",
+                f"connection cap reached ({self.open} open, --max-connections): "
+                "new connections wait in the listen backlog until one closes",
+            )
+            await self._freed.wait()
+        self._slots += 1
+
+    def accepted(self) -> None:
+        self.open += 1
+
+    def unreserve(self) -> None:
+        self._slots -= 1
+        self._signal()
+
+    def closed(self) -> None:
+        self.open -= 1
+        self._slots -= 1
+        self._signal()
+
+    def _signal(self) -> None:
+        self._freed.set()
+        self._freed = trio.Event()
+
+    async def wait_for_a_close(self, timeout_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            await self._freed.wait()
+
+    def warn(self, what: str, message: str) -> None:
+        now = trio.current_time()
+        if now - self._warned_at.get(what, -math.inf) >= _WARN_EVERY_S:
+            self._warned_at[what] = now
+            logger.warning(message)
+
+
+class _CappedListener(trio.abc.Listener[trio.SocketStream]):
+    """Accepts while a connection slot is free; the handler frees it."""
+
+    def __init__(self, listener: trio.SocketListener, connections: _Connections) -> None:
+        self._listener = listener
+        self._connections = connections
+
+    async def accept(self) -> trio.SocketStream:
+        while True:
+            await self._connections.reserve()
+            try:
+                stream = await self._listener.accept()
+            except OSError as exc:
+                self._connections.unreserve()
+                if exc.errno not in _OUT_OF_FDS:
+                    raise
+                self._connections.warn(
+                    "fds",
+                    f"cannot accept a connection: {exc.strerror} "
+                    f"({self._connections.open} open; lower --max-connections "
+                    "or raise the file descriptor limit)",
+                )
+                await self._connections.wait_for_a_close(_FD_RETRY_S)
+            except BaseException:
+                self._connections.unreserve()
+                raise
+            else:
+                self._connections.accepted()
+                return stream
+
+    async def aclose(self) -> None:
+        await self._listener.aclose()
+
+
+class _TCPServer(TCPServer):
+    """Hypercorn's connection, ended when its client is gone: hypercorn's
+    waited for its idle timer (up to the keep-alive timeout), holding the
+    socket and a connection slot, after the client had closed."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.idle_task.stop()
+
+
+class _Lifespan(Lifespan):
+    """Hypercorn's lifespan, telling a completed start-up from a failed one."""
+
+    def __init__(self, app: AppWrapper, config: Config, state: LifespanState) -> None:
+        super().__init__(app, config, state)
+        self.completed = False
+
+    async def asgi_send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            self.completed = True
+        await super().asgi_send(message)
+
+
+async def _serve(
+    app: Framework,
+    config: Config,
+    connections: _Connections,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[Any]],
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    wrapped = wrap_app(app, config.wsgi_max_body_size, None)
+    state: LifespanState = {}
+    lifespan = _Lifespan(wrapped, config, state)
+    context = WorkerContext(None)
+    try:
+        sockets = config.create_sockets()
+    except OSError as exc:
+        raise CannotListen(f"cannot listen on {', '.join(config.bind)}: {exc}") from exc
+    if sockets.secure_sockets or sockets.quic_sockets:
+        raise ValueError("TLS is not served here: terminate it at a proxy")
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            await _TCPServer(wrapped, config, context, ConnectionState(state.copy()), stream)  # type: ignore[arg-type]
+        finally:
+            connections.closed()
+
+    try:
+        async with trio.open_nursery() as lifespan_nursery:
+            await lifespan_nursery.start(lifespan.handle_lifespan)
+            await lifespan.wait_for_startup()
+            if lifespan.supported and not lifespan.completed:
+                # The app's start-up failed: the error is on its way out of
+                # the lifespan task and cancels this one. Never listen.
+                await trio.sleep_forever()
+            listeners, binds = [], []
+            for sock in sockets.insecure_sockets:
+                sock.listen(config.backlog)
+                listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+                listeners.append(_CappedListener(listener, connections))
+                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            async with trio.open_nursery() as server_nursery:
+                task_status.started(binds)
+                try:
+                    async with trio.open_nursery() as accepting:
+                        accepting.start_soon(
+                            partial(
+                                trio.serve_listeners,
+                                handle,
+                                listeners,
+                                handler_nursery=server_nursery,
+                            )
+                        )
+                        await shutdown_trigger()
+                        accepting.cancel_scope.cancel()  # closes the listeners
+                finally:
+                    # Idle connections close now; busy ones after their answer.
+                    await context.terminated.set()
+                    server_nursery.cancel_scope.deadline = (
+                        trio.current_time() + config.graceful_timeout
+                    )
+            await lifespan.wait_for_shutdown()
+            lifespan_nursery.cancel_scope.cancel()
+    finally:
+        for sock in sockets.insecure_sockets:
+            sock.close()  # a no-op once its listener closed it
+
+
 @dataclass
 class RunningServer:
     """A server started by `start_server`; `url` has no trailing slash."""
 
     url: str
-    _stop: trio.Event = field(default_factory=trio.Event)
-    _stopped: trio.Event = field(default_factory=trio.Event)
+    _stop: trio.Event
+    _stopped: trio.Event
+    _connections: _Connections
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections accepted and not yet closed."""
+        return self._connections.open
 
     def stop(self) -> None:
         """Trigger a graceful shutdown (returns at once)."""
@@ -53,19 +276,23 @@ async def start_server(
     *,
     host: str = "127.0.0.1",
     port: int = 0,
+    max_connections: int = 4096,
     **config_overrides: Any,
 ) -> RunningServer:
-    """Start `app` in `nursery` and return once it is accepting connections."""
+    """Start `app` in `nursery`; return once it has started and is listening."""
     config = hypercorn_config(host, port)
     for key, value in config_overrides.items():
         setattr(config, key, value)
     stop, stopped = trio.Event(), trio.Event()
+    connections = _Connections(max_connections)
 
     async def run(task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            await serve(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+            await _serve(
+                app, config, connections, shutdown_trigger=stop.wait, task_status=task_status
+            )
         finally:
             stopped.set()
 
     binds: list[str] = await nursery.start(run)
-    return RunningServer(url=binds[0], _stop=stop, _stopped=stopped)
+    return RunningServer(url=binds[0], _stop=stop, _stopped=stopped, _connections=connections)

@@ -34,7 +34,7 @@ from .trajectory import Trajectory
 
 __all__ = ["Session", "SessionRegistry", "SessionState", "TurnSlot"]
 
-SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 class SessionState(enum.Enum):
@@ -173,8 +173,13 @@ class SessionRegistry:
     ) -> Session:
         if session_id is None:
             session_id = uuid.uuid4().hex
-        elif not SESSION_ID.match(session_id):
-            raise InvalidRequest("session_id must match [A-Za-z0-9._:-]{1,128}", param="session_id")
+        elif not SESSION_ID.fullmatch(session_id) or session_id in (".", ".."):
+            # In full (`$` would let a final newline through), and usable as
+            # one path segment of a URL (`.` and `..` are not).
+            raise InvalidRequest(
+                "session_id must match [A-Za-z0-9._:-]{1,128} and not be '.' or '..'",
+                param="session_id",
+            )
         if session_id in self._sessions:
             raise SessionExists(f"session {session_id} already exists")
         if self.max_sessions is not None and len(self._sessions) >= self.max_sessions:

@@ -111,6 +111,7 @@ class Stack:
     ctx: ServerContext
     workers: list[Worker]
     client: httpx.AsyncClient
+    server: RunningServer
 
     @property
     def emulator(self) -> Emulator:
@@ -175,17 +176,15 @@ async def make_stack(
             )
             for i in range(num_workers)
         ]
-        app = create_app(
-            Settings(workers=tuple(w.url for w in workers), port=0, **settings),
-            tokenizer=chat_tokenizers[template],
-        )
-        server = await start_server(nursery, app)
+        app_settings = Settings(workers=tuple(w.url for w in workers), port=0, **settings)
+        app = create_app(app_settings, tokenizer=chat_tokenizers[template])
+        server = await start_server(nursery, app, max_connections=app_settings.max_connections)
         servers.append(server)
         key = settings.get("api_key")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         client = httpx.AsyncClient(base_url=server.url, timeout=30, headers=headers)
         clients.append(client)
-        return Stack(server.url, server_context(app), workers, client)
+        return Stack(server.url, server_context(app), workers, client, server)
 
     yield factory
     for client in clients:

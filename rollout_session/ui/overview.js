@@ -26,6 +26,13 @@ function sessionRow(s) {
     h('td', {}, h('a', { href: sessionHref(s.session_id, 'diff'), text: 'diff' })));
 }
 
+// The pool is the operator's: with the trainer's key (and --admin-api-key
+// set) it is 403, and the rest of the overview still shows.
+function operatorOnly(error) {
+  if (error instanceof ApiError && error.status === 403) return null;
+  throw error;
+}
+
 function workerRow(w) {
   // Joining: not admitted yet; fenced: failed turns opened its circuit.
   const health = w.draining ? 'draining' : w.healthy ? 'healthy'
@@ -103,10 +110,13 @@ export function overview(root) {
     if (cursor) params.set('after', cursor);
     try {
       const [sessions, workers, health] = await Promise.all([
-        api(`/sessions?${params}`), api('/workers'), api('/health')]);
+        api(`/sessions?${params}`), api('/workers').catch(operatorOnly), api('/health')]);
       if (!alive) return;
       sessionsBody.replaceChildren(...sessions.sessions.map(sessionRow));
-      workersBody.replaceChildren(...workers.workers.map(workerRow));
+      workersBody.replaceChildren(...(workers === null
+        ? [h('tr', {}, h('td', { colspan: '6', class: 'muted',
+          text: 'The worker pool needs the operator key (--admin-api-key).' }))]
+        : workers.workers.map(workerRow)));
       empty.hidden = sessions.sessions.length > 0;
       prev.disabled = view.cursors.length <= 1;
       next.disabled = !sessions.has_more;

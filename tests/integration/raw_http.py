@@ -5,6 +5,8 @@ content-length)."""
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 
 import trio
@@ -68,6 +70,18 @@ class RawConnection:
         body = bytes(self._buffer[end + 4 : end + 4 + length])
         del self._buffer[: end + 4 + length]
         return RawResponse(int(status_line.split()[1]), headers, body)
+
+    def has_unread_bytes(self) -> bool:
+        """Whether any byte from the server is waiting (without waiting)."""
+        if self._buffer:
+            return True
+        # A peek on a duplicate of the descriptor: trio's socket has no
+        # synchronous receive, and the peek consumes nothing.
+        with socket.socket(fileno=os.dup(self._stream.socket.fileno())) as peer:
+            try:
+                return bool(peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                return False
 
     async def closed_by_server(self) -> bool:
         """Wait for the server to close the connection (True), or for any

@@ -1,8 +1,10 @@
 """The HTTP edge over real HTTP, route by route, Quart's and the chat route's.
 
-Every route: the API key (401 without it; ``/health`` and the inspector page
-open), the method (405 with ``Allow``), the body limit (413 with
-``Connection: close``), and the connection after each of these: a raw client
+Every route: the keys (401 without one; ``/health`` and the inspector page
+open; each role's key reaching its routes and no others, 403 for the
+trainer's key on an operator route), the method (405 with ``Allow``), the
+body limit (413 with ``Connection: close``), and the connection after each
+of these: a raw client
 writes the request's head, then its body a moment later (as HTTP clients
 do), then a second request on the same connection, which must be answered
 (or, after ``Connection: close``, the connection closed) without a stall.
@@ -20,6 +22,7 @@ import trio
 import trio.testing
 
 from rollout_session import Settings, create_app
+from rollout_session.auth import Access
 from rollout_session.serving import start_server
 from rollout_session.tokenization import ChatTokenizer
 
@@ -27,8 +30,11 @@ from ..conftest import Stack, StackFactory
 from .raw_http import RawConnection, RawResponse
 
 KEY = "edge-key"
+ADMIN = "edge-admin-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
+ADMIN_AUTH = {"authorization": f"Bearer {ADMIN}"}
 SID = "s1"
+OTHER_SID = "s2"
 LIMIT_MB = 0.001  # 1,048 bytes
 OVER_LIMIT = 4096
 BODY = b'{"messages": []}'
@@ -41,7 +47,7 @@ STALL_S = 10.0
 class Route:
     method: str
     rule: str  # as registered (Quart's URL map), or the chat route's
-    public: bool = False  # answered without the key
+    access: Access = Access.TRAINER  # which keys reach it (auth.Access)
 
     @property
     def path(self) -> str:
@@ -51,28 +57,56 @@ class Route:
     def id(self) -> str:
         return f"{self.method} {self.rule}"
 
+    @property
+    def other_method_access(self) -> Access:
+        """The inspector's files are public for GET and HEAD only."""
+        public_any_method = self.rule == "/health"
+        if self.access is Access.PUBLIC and not public_any_method:
+            return Access.TRAINER
+        return self.access
 
-CHAT = Route("POST", "/sessions/<session_id>/v1/chat/completions")
+    @property
+    def auth(self) -> dict[str, str]:
+        """The headers of the key meant for this route."""
+        return ADMIN_AUTH if self.access is Access.OPERATOR else AUTH
+
+
+CHAT = Route("POST", "/sessions/<session_id>/v1/chat/completions", Access.MODEL)
 ROUTES = [
-    Route("GET", "/health", public=True),
+    Route("GET", "/health", Access.PUBLIC),
     Route("POST", "/sessions"),
     Route("GET", "/sessions"),
     Route("GET", "/sessions/<session_id>"),
     Route("DELETE", "/sessions/<session_id>"),
     Route("GET", "/sessions/<session_id>/trajectory"),
-    Route("GET", "/sessions/<session_id>/v1/models"),
+    Route("GET", "/sessions/<session_id>/v1/models", Access.MODEL),
     CHAT,
     Route("GET", "/sessions/<session_id>/diff"),
-    Route("GET", "/workers"),
-    Route("POST", "/workers"),
-    Route("DELETE", "/workers"),
-    Route("POST", "/admin/pause"),
-    Route("POST", "/admin/resume"),
-    Route("GET", "/metrics"),
-    Route("GET", "/ui", public=True),
-    Route("GET", "/ui/", public=True),
-    Route("GET", "/ui/<name>", public=True),
+    Route("GET", "/workers", Access.OPERATOR),
+    Route("POST", "/workers", Access.OPERATOR),
+    Route("DELETE", "/workers", Access.OPERATOR),
+    Route("POST", "/admin/pause", Access.OPERATOR),
+    Route("POST", "/admin/resume", Access.OPERATOR),
+    Route("GET", "/metrics", Access.OPERATOR),
+    Route("GET", "/ui", Access.PUBLIC),
+    Route("GET", "/ui/", Access.PUBLIC),
+    Route("GET", "/ui/<name>", Access.PUBLIC),
 ]
+# Who holds which key: nobody, another session's agent, this session's agent,
+# the trainer, the operator.
+HOLDERS = ["none", "other-session", "own-session", "trainer", "operator"]
+# (holder, access) → the status of a request the key reaches (0) or refuses.
+REFUSED = {
+    ("none", Access.MODEL): 401,
+    ("none", Access.TRAINER): 401,
+    ("none", Access.OPERATOR): 401,
+    ("other-session", Access.MODEL): 401,
+    ("other-session", Access.TRAINER): 401,
+    ("other-session", Access.OPERATOR): 401,
+    ("own-session", Access.TRAINER): 401,
+    ("own-session", Access.OPERATOR): 401,
+    ("trainer", Access.OPERATOR): 403,
+}
 
 
 def _allowed(path: str) -> str:
@@ -82,11 +116,31 @@ def _allowed(path: str) -> str:
     return ", ".join(sorted(methods))
 
 
+@dataclass
+class Keyed:
+    stack: Stack
+    headers: dict[str, dict[str, str]]  # by holder
+
+    @property
+    def url(self) -> str:
+        return self.stack.url
+
+
 @pytest.fixture
-async def keyed(make_stack: StackFactory) -> Stack:
-    stack = await make_stack(api_key=KEY, max_body_mb=LIMIT_MB)
-    await stack.create(session_id=SID)
-    return stack
+async def keyed(make_stack: StackFactory) -> Keyed:
+    stack = await make_stack(api_key=KEY, admin_api_key=ADMIN, max_body_mb=LIMIT_MB)
+    keys = {}
+    for sid in (SID, OTHER_SID):
+        created = await stack.client.post("/sessions", json={"session_id": sid})
+        keys[sid] = created.json()["api_key"]
+    headers = {
+        "none": {},
+        "other-session": {"authorization": f"Bearer {keys[OTHER_SID]}"},
+        "own-session": {"authorization": f"Bearer {keys[SID]}"},
+        "trainer": AUTH,
+        "operator": ADMIN_AUTH,
+    }
+    return Keyed(stack, headers)
 
 
 async def head_then_body(
@@ -115,10 +169,11 @@ async def assert_over_limit_closes(conn: RawConnection, route: Route, framing: s
     with trio.fail_after(STALL_S):
         if framing == "content-length":
             # Answered from the header: the body is never sent.
-            headers = {**AUTH, "content-length": str(OVER_LIMIT)}
+            headers = {**route.auth, "content-length": str(OVER_LIMIT)}
             await conn.send_head(route.method, route.path, headers)
         else:
-            await conn.send_head(route.method, route.path, {**AUTH, "transfer-encoding": "chunked"})
+            chunked = {**route.auth, "transfer-encoding": "chunked"}
+            await conn.send_head(route.method, route.path, chunked)
             await conn.send(b"%x\r\n%s\r\n" % (OVER_LIMIT, b" " * OVER_LIMIT))
         response = await conn.response()
         assert response.status == 413, (framing, response.body)
@@ -141,12 +196,12 @@ def test_the_walk_covers_every_route() -> None:
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[r.id for r in ROUTES])
-async def test_every_route_at_the_edge(keyed: Stack, route: Route) -> None:
+async def test_every_route_at_the_edge(keyed: Keyed, route: Route) -> None:
     conn = await RawConnection.open(keyed.url)
     try:
-        # The key, or a public route answered without it.
+        # No key: 401, or a public route answered without it.
         response = await head_then_body(conn, route.method, route.path, {}, BODY)
-        if route.public:
+        if route.access is Access.PUBLIC:
             assert response.status == 200, response.body
         else:
             assert response.status == 401, response.body
@@ -154,17 +209,28 @@ async def test_every_route_at_the_edge(keyed: Stack, route: Route) -> None:
         assert not response.closes
         await assert_next_request_answered(conn, f"{response.status} without the key")
 
-        response = await head_then_body(conn, "PATCH", route.path, AUTH, BODY)
-        assert response.status == 405, response.body
-        assert b'"code":"method_not_allowed"' in response.body
-        assert response.headers["allow"] == _allowed(route.path)
-        assert not response.closes
-        await assert_next_request_answered(conn, "405")
+        # Each holder's key, probed with another method: a key that reaches
+        # the route gets 405 (the key is checked first, and nothing runs).
+        for holder in HOLDERS:
+            headers = keyed.headers[holder]
+            response = await head_then_body(conn, "PATCH", route.path, headers, BODY)
+            refused = REFUSED.get((holder, route.other_method_access), 0)
+            if refused:
+                assert response.status == refused, (holder, response.body)
+                code = b"unauthorized" if refused == 401 else b"permission_denied"
+                assert b'"code":"' + code + b'"' in response.body
+            else:
+                assert response.status == 405, (holder, response.body)
+                assert b'"code":"method_not_allowed"' in response.body
+                assert response.headers["allow"] == _allowed(route.path)
+            assert not response.closes
+            await assert_next_request_answered(conn, f"{response.status} for {holder}")
 
         # The handler's own answer (whatever it is for this body) must not
         # leave the body on the connection either.
-        response = await head_then_body(conn, route.method, route.path, AUTH, b"{}")
+        response = await head_then_body(conn, route.method, route.path, route.auth, b"{}")
         assert response.status < 500, response.body
+        assert response.status not in (401, 403), response.body
         assert not response.closes
         await assert_next_request_answered(conn, f"the handler's {response.status}")
     finally:
@@ -175,7 +241,7 @@ async def test_every_route_at_the_edge(keyed: Stack, route: Route) -> None:
             await assert_over_limit_closes(conn, route, framing)
         finally:
             await conn.aclose()
-    assert keyed.emulator.received == 0
+    assert keyed.stack.emulator.received == 0
 
 
 @pytest.mark.parametrize(
@@ -190,7 +256,7 @@ async def test_every_route_at_the_edge(keyed: Stack, route: Route) -> None:
     ids=["responses-api", "session-responses-api", "chat-slash", "chat-two-segments", "ui-asset"],
 )
 async def test_unknown_paths_are_404_and_the_connection_kept(
-    keyed: Stack, method: str, path: str
+    keyed: Keyed, method: str, path: str
 ) -> None:
     conn = await RawConnection.open(keyed.url)
     try:

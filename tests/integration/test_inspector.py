@@ -355,3 +355,23 @@ async def test_browser_long_trajectory_renders_lazily(
         assert page.locator("#tokens .tok").count() <= n
 
     await browse(chromium, script)
+
+
+async def test_browser_overview_with_the_trainer_key_when_an_operator_key_is_set(
+    make_stack: StackFactory, chromium: str
+) -> None:
+    """The pool is the operator's: the trainer's key gets the sessions and a
+    note where the workers would be, not a failed overview."""
+    stack = await make_stack(api_key=KEY, admin_api_key="operator-key")
+    await stack.create(session_id="agent-chat")
+
+    def script(page: Page) -> None:
+        page.goto(f"{stack.url}/ui")
+        page.wait_for_selector("#auth[open]")
+        page.fill("#auth-key", KEY)
+        page.press("#auth-key", "Enter")
+        page.wait_for_selector('tr.session-row[data-id="agent-chat"]')
+        assert "needs the operator key" in page.inner_text("#workers-body")
+        assert "refresh failed" not in page.inner_text("#updated")
+
+    await browse(chromium, script)
