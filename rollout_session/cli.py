@@ -77,6 +77,7 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--api-key", "api_key", str, "require Authorization: Bearer KEY (all but /health)"),
     ("--session-ttl-s", "session_ttl_s", _optional_float, "idle expiry ('none' = never)"),
     ("--keep-closed-s", "keep_closed_s", float, "keep expired sessions for collection"),
+    ("--keep-collected-s", "keep_collected_s", float, "collected sessions stay readable"),
     ("--max-sessions", "max_sessions", int, "more → 429 too_many_sessions"),
     ("--max-session-tokens", "max_session_tokens", int, "prompt + max_tokens cap"),
     ("--pause-wait-s", "pause_wait_s", float, "while paused, turns wait this long"),
@@ -84,9 +85,14 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--journal", "journal", str, "durable journal directory (off by default)"),
     ("--journal-fsync", "journal_fsync", str, "always, interval or never"),
     ("--journal-fsync-interval-s", "journal_fsync_interval_s", float, "for --journal-fsync"),
+    ("--journal-retry-s", "journal_retry_s", float, "after a failed write, retry after"),
     ("--demo-workers", "demo_workers", int, "emulator workers started by --demo"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
 )
+
+
+class JournalStartFailed(Exception):
+    """The journal could not be opened before listening (a start-up failure)."""
 
 
 def _env_default(
@@ -152,7 +158,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 async def serve(settings: Settings) -> None:
     """Run the server (and, in demo mode, its emulator workers) until SIGINT/SIGTERM."""
-    from .app import create_app
+    from .app import create_app, server_context
     from .serving import start_server
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -160,13 +166,25 @@ async def serve(settings: Settings) -> None:
             if settings.demo:
                 settings = await _start_demo_workers(nursery, settings)
             app = create_app(settings)
-            server = await start_server(
-                nursery,
-                app,
-                host=settings.host,
-                port=settings.port,
-                graceful_timeout=settings.shutdown_grace_s,
-            )
+            # Replay before the listener opens: the app's own start-up has
+            # hypercorn's fixed limit, replay none (it takes what the journal takes).
+            store = server_context(app).store
+            try:
+                await store.open_journal(settings)
+            except OSError as exc:
+                raise JournalStartFailed(f"journal {settings.journal}: {exc}") from exc
+            try:
+                server = await start_server(
+                    nursery,
+                    app,
+                    host=settings.host,
+                    port=settings.port,
+                    graceful_timeout=settings.shutdown_grace_s,
+                )
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await store.aclose()
+                raise
             # Startup is done: what is loaded now (tokenizer, templates, modules)
             # lives as long as the process; keep it out of every later GC pass
             # (docs/performance.md#gc-freeze-after-start-up).
@@ -296,6 +314,10 @@ def _startup_failure(exc: BaseException) -> str | None:
     reports it as a lifespan failure, trio wraps that in exception groups)."""
     from hypercorn.utils import LifespanFailureError
 
+    from .journal_format import JournalError
+
+    if isinstance(exc, JournalStartFailed | JournalError):
+        return str(exc)
     if isinstance(exc, LifespanFailureError):
         # Raised while handling the app's own exception: that one says why.
         cause = exc.__cause__ or exc.__context__

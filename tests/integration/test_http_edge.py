@@ -1,7 +1,7 @@
 """The HTTP edge over real HTTP, route by route, Quart's and the chat route's.
 
-Every route: the API key (401 without it; ``/health`` and the inspector page
-open), the method (405 with ``Allow``), the body limit (413 with
+Every route: the API key (401 without it; ``/health``, ``/ready`` and the
+inspector page open), the method (405 with ``Allow``), the body limit (413 with
 ``Connection: close``), and the connection after each of these: a raw client
 writes the request's head, then its body a moment later (as HTTP clients
 do), then a second request on the same connection, which must be answered
@@ -55,6 +55,7 @@ class Route:
 CHAT = Route("POST", "/sessions/<session_id>/v1/chat/completions")
 ROUTES = [
     Route("GET", "/health", public=True),
+    Route("GET", "/ready", public=True),
     Route("POST", "/sessions"),
     Route("GET", "/sessions"),
     Route("GET", "/sessions/<session_id>"),
