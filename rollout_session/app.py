@@ -11,7 +11,6 @@ raise with the edge's `error_response`.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import trio
 from quart import Response
@@ -47,10 +46,10 @@ _EXTENSION = "rollout_session"
 
 
 def is_public(method: str, path: str) -> bool:
-    """Requests served without the API key: ``/health`` (load balancers,
-    probes) and the inspector's page and assets, which hold no data (a
-    browser loads them before anyone typed a key)."""
-    return path == "/health" or (method in ("GET", "HEAD") and is_public_path(path))
+    """Requests served without the API key: ``/health`` and ``/ready``
+    (load balancers, probes) and the inspector's page and assets, which hold
+    no data (a browser loads them before anyone typed a key)."""
+    return path in ("/health", "/ready") or (method in ("GET", "HEAD") and is_public_path(path))
 
 
 def server_context(app: QuartTrio) -> ServerContext:
@@ -97,17 +96,8 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     @app.before_serving
     async def startup() -> None:
         if settings.journal is not None:
-            from .journal import Journal
-
-            journal, restored = await Journal.open(
-                Path(settings.journal),
-                fsync=settings.journal_fsync,
-                fsync_interval_s=settings.journal_fsync_interval_s,
-                now=ctx.store.clock(),
-            )
-            ctx.store.restore(journal, restored)
+            await ctx.store.open_journal(settings)  # done already under `serve`
             await app.nursery.start(ctx.store.run_journal)
-            logger.info("journal %s: restored %d sessions", settings.journal, len(restored))
         await app.nursery.start(ctx.pool.run)
         await app.nursery.start(ctx.validator.run)
         app.nursery.start_soon(reap_forever, ctx)

@@ -55,7 +55,7 @@ _WRONG_SESSION = (
 class Access(enum.Enum):
     """What a request needs, by its route."""
 
-    # No key: /health (probes, load balancers) and the inspector's page and
+    # No key: /health and /ready (probes, load balancers) and the inspector's page and
     # files, which hold no data (a browser loads them before a key is typed).
     PUBLIC = "public"
     # A session's model routes (/sessions/{id}/v1/…): that session's key, the

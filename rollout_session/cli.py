@@ -94,6 +94,7 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--admin-api-key", "admin_api_key", str, "the operator's key: workers, pause, metrics"),
     ("--session-ttl-s", "session_ttl_s", _optional_float, "idle expiry ('none' = never)"),
     ("--keep-closed-s", "keep_closed_s", float, "keep expired sessions for collection"),
+    ("--keep-collected-s", "keep_collected_s", float, "collected sessions stay readable"),
     ("--max-sessions", "max_sessions", int, "more → 429 too_many_sessions"),
     ("--max-session-tokens", "max_session_tokens", int, "prompt + max_tokens cap"),
     ("--pause-wait-s", "pause_wait_s", float, "while paused, turns wait this long"),
@@ -101,9 +102,14 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--journal", "journal", str, "durable journal directory (off by default)"),
     ("--journal-fsync", "journal_fsync", str, "always, interval or never"),
     ("--journal-fsync-interval-s", "journal_fsync_interval_s", float, "for --journal-fsync"),
+    ("--journal-retry-s", "journal_retry_s", float, "after a failed write, retry after"),
     ("--demo-workers", "demo_workers", int, "emulator workers started by --demo"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
 )
+
+
+class JournalStartFailed(Exception):
+    """The journal could not be opened before listening (a start-up failure)."""
 
 
 def _env_default(
@@ -169,7 +175,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 async def serve(settings: Settings) -> None:
     """Run the server (and, in demo mode, its emulator workers) until SIGINT/SIGTERM."""
-    from .app import create_app
+    from .app import create_app, server_context
     from .serving import start_server
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -177,16 +183,28 @@ async def serve(settings: Settings) -> None:
             if settings.demo:
                 settings = await _start_demo_workers(nursery, settings)
             app = create_app(settings)
-            # Returns once the app has started and the socket listens (a
-            # failed start raises instead: nothing below is printed).
-            server = await start_server(
-                nursery,
-                app,
-                host=settings.host,
-                port=settings.port,
-                max_connections=_connection_cap(settings),
-                graceful_timeout=settings.shutdown_grace_s,
-            )
+            # Replay before the listener opens: the app's own start-up has
+            # hypercorn's fixed limit, replay none (it takes what the journal takes).
+            store = server_context(app).store
+            try:
+                await store.open_journal(settings)
+            except OSError as exc:
+                raise JournalStartFailed(f"journal {settings.journal}: {exc}") from exc
+            try:
+                # Returns once the app has started and the socket listens (a
+                # failed start raises instead: nothing below is printed).
+                server = await start_server(
+                    nursery,
+                    app,
+                    host=settings.host,
+                    port=settings.port,
+                    max_connections=_connection_cap(settings),
+                    graceful_timeout=settings.shutdown_grace_s,
+                )
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await store.aclose()
+                raise
             # Startup is done: what is loaded now (tokenizer, templates, modules)
             # lives as long as the process; keep it out of every later GC pass
             # (docs/performance.md#gc-freeze-after-start-up).
@@ -361,9 +379,10 @@ def _startup_failure(exc: BaseException) -> str | None:
     lifespan failure); trio wraps either in exception groups."""
     from hypercorn.utils import LifespanFailureError
 
+    from .journal_format import JournalError
     from .serving import CannotListen
 
-    if isinstance(exc, CannotListen):
+    if isinstance(exc, CannotListen | JournalStartFailed | JournalError):
         return str(exc)
     if isinstance(exc, LifespanFailureError):
         # Raised while handling the app's own exception: that one says why.

@@ -9,10 +9,11 @@ anyone, and adding a server moves only ~1/N of them.
 
 Retries are idempotent by construction: a create is retried with the same id
 (a 409 ``session_exists`` after a lost answer means the first try worked); a
-close is retried when the request never reached the server. A close whose
-answer was lost after the server acted cannot be replayed — the server has
-already handed the trajectory over and forgotten it — and raises
-`TrajectoryLost` rather than pretending.
+close is retried on any transport error, because the server keeps a
+collected session readable for ``--keep-collected-s`` (600 s by default) and
+answers a repeated DELETE with the same document. Only a retry that finds
+the session gone (collected longer ago than that) raises `TrajectoryLost`,
+rather than pretending.
 
 Each `SessionHandle` carries what its agent needs: ``base_url`` and, on a
 server with ``--api-key``, ``api_key``, the session's own key, which reaches
@@ -46,7 +47,8 @@ class SessionServerError(RuntimeError):
 
 
 class TrajectoryLost(RuntimeError):
-    """A close reached the server but its answer did not reach us."""
+    """A close reached the server but its answer did not reach us, and the
+    server no longer holds the collected session when asked again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,18 +174,18 @@ class SessionClient:
         return doc
 
     async def close(self, session_id: str) -> dict[str, Any]:
-        """Collect the final trajectory; the server forgets the session."""
+        """Collect the final trajectory (status ``closed``). Retried on a lost
+        answer: the server answers a repeated DELETE with the same document
+        for ``--keep-collected-s``, then forgets the session."""
         url = f"{self.server_for(session_id)}/sessions/{session_id}"
-        try:
-            # Only a request that never reached the server is safe to repeat.
-            response, _ = await self._send("DELETE", url, retry_on=(httpx.ConnectError,))
-        except httpx.ConnectError:
-            raise
-        except httpx.TransportError as exc:
+        response, retried = await self._send("DELETE", url)
+        if retried and response.status_code == 404:
+            # The first try may have collected it, and the server forgot it since.
             raise TrajectoryLost(
-                f"close of {session_id} may have reached the server, but its answer "
-                f"was lost ({type(exc).__name__}); the trajectory cannot be re-read"
-            ) from exc
+                f"close of {session_id} was retried after a lost answer, and the server "
+                "no longer holds the session (collected longer than --keep-collected-s "
+                "ago, or never there)"
+            )
         self._raise_for(response)
         doc: dict[str, Any] = orjson.loads(response.content)
         return doc

@@ -94,6 +94,9 @@ class Settings:
     session_ttl_s: float | None = 3600.0
     # Expired sessions' documents are kept this long for collection.
     keep_closed_s: float = 3600.0
+    # Collected (DELETEd) sessions stay readable this long, so a DELETE whose
+    # answer was lost can be repeated; 0 = forgotten at the reaper's next pass.
+    keep_collected_s: float = 600.0
     max_sessions: int = 100_000
     # Prompt + max_tokens cap per session (below the model's context); None = model's.
     max_session_tokens: int | None = None
@@ -106,6 +109,9 @@ class Settings:
     journal: str | None = None
     journal_fsync: str = "interval"
     journal_fsync_interval_s: float = 1.0
+    # After a failed journal write, the writer tries again after this, then
+    # backing off to 30 s; changes answer 503 journal_unavailable meanwhile.
+    journal_retry_s: float = 1.0
     demo: bool = False
     demo_workers: int = 1
     # Demo workers answer with reasoning (where the chat template shows it).
@@ -133,10 +139,11 @@ class Settings:
         _positive("circuit_open_s", self.circuit_open_s)
         _positive("health_interval_s", self.health_interval_s)
         _positive("health_timeout_s", self.health_timeout_s)
-        for name in ("keep_closed_s", "pause_wait_s", "shutdown_grace_s"):
+        for name in ("keep_closed_s", "keep_collected_s", "pause_wait_s", "shutdown_grace_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         _positive("journal_fsync_interval_s", self.journal_fsync_interval_s)
+        _positive("journal_retry_s", self.journal_retry_s)
         if self.session_ttl_s is not None:
             _positive("session_ttl_s", self.session_ttl_s)
         if self.journal_fsync not in {"always", "interval", "never"}:

@@ -268,9 +268,10 @@ class ServerPaused(ServerError):
 
 
 class JournalUnavailable(ServerError):
-    """The journal cannot record a change (its writer failed), so nothing was
+    """The journal cannot record a change now (a write failed), so nothing was
     changed: the session is as it was before the request. Every change is
-    refused until the server restarts on its journal; reads still answer."""
+    refused until the journal writes again (it retries by itself); reads
+    still answer. Also `/ready`'s answer meanwhile."""
 
     status_code = 503
     code = "journal_unavailable"

@@ -38,6 +38,7 @@ class Compacted:
 
     fd: int  # append fd of it
     live_bytes: dict[str, int]  # per session, the framed size of its snapshot
+    turns: dict[str, int]  # per session, the turns its snapshot holds
     total_bytes: int
     # Per session, the last queued record its snapshot already holds (or,
     # for a session closed meanwhile, the last one that no longer matters).
@@ -58,7 +59,7 @@ async def write_compacted(
     try:
         fd = await trio.to_thread.run_sync(os.open, tmp, _CREATE, 0o644)
         try:
-            live, total, skip = await _write_snapshots(
+            live, turns, total, skip = await _write_snapshots(
                 fd, number, sessions, last_seq, max_batch_bytes
             )
         finally:
@@ -67,7 +68,7 @@ async def write_compacted(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return Compacted(new_fd, live, total, skip)
+    return Compacted(new_fd, live, turns, total, skip)
 
 
 async def _write_snapshots(
@@ -76,7 +77,7 @@ async def _write_snapshots(
     sessions: Mapping[str, Session],
     last_seq: Callable[[], int],
     max_batch_bytes: int,
-) -> tuple[dict[str, int], int, dict[str, int]]:
+) -> tuple[dict[str, int], dict[str, int], int, dict[str, int]]:
     """Write the begin record and a snapshot per live session, fsync.
 
     Each session is copied on the loop in one synchronous step, so its
@@ -85,12 +86,14 @@ async def _write_snapshots(
     chunk = [encode(begin_meta(number))]
     total = unwritten = framed_size(chunk[0])
     live: dict[str, int] = {}
+    turns: dict[str, int] = {}
     skip: dict[str, int] = {}
     for sid in list(sessions):
         session = sessions.get(sid)
         if session is not None:  # else closed meanwhile: dropped
             chunk.append(snapshot_parts(session))
             live[sid] = framed_size(chunk[-1])
+            turns[sid] = len(session.trajectory.turns)
             total += live[sid]
             unwritten += live[sid]
         skip[sid] = last_seq()
@@ -100,4 +103,4 @@ async def _write_snapshots(
         else:  # one session's copy per step keeps the loop responsive
             await trio.lowlevel.checkpoint()
     await trio.to_thread.run_sync(write_records, fd, chunk, True)
-    return live, total, skip
+    return live, turns, total, skip

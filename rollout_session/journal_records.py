@@ -20,26 +20,39 @@ record of every segment, belongs to `journal_format`):
   Also written when a DELETE begins collecting an open session (``why``
   ``"close"``, ``worker`` null): a close in progress at a crash comes back
   expired (closed, readable, collectable), never open.
-- ``close``  the session was collected (or dropped): replay forgets it.
-- ``snapshot`` a session's full state (create fields + ``st`` state, ``open``
-  or ``expired`` (a closing session is snapshotted expired and unpinned), ``cl``,
-  ``tools``, ``kw``, ``model``, ``worker``, ``msgs``, ``turns``, ``w``);
-  blobs: all ids, all logprobs, all experts.
+- ``collect`` ``cl`` closed_at: a DELETE collected the session; replay
+  restores it ``closed`` (readable, unpinned) until ``close`` forgets it.
+- ``close``  the session was forgotten (its keep window over, or dropped
+  before it was collected): replay forgets it. (Journals written before
+  ``collect`` existed used it for collections too.)
+- ``snapshot`` a session's full state (create fields + ``st`` state, ``open``,
+  ``expired`` (a closing session is snapshotted expired and unpinned) or
+  ``closed``, ``cl``, ``tools``, ``kw``, ``model``, ``worker``, ``msgs``,
+  ``turns``, ``w``); blobs: all ids, all logprobs, all experts. A snapshot
+  replaces whatever earlier records said of its session: compaction writes
+  one per session into a new segment, and a journal recovering from a failed
+  write appends one per session whose records were lost.
+
+Bytes a later record supersedes — a collected-and-forgotten session's, the
+turns a rollback drops, everything before a snapshot — are dead: compaction
+reclaims them (`TurnBytes` counts the turns').
 """
 
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import fields
 from typing import Any
 
 import numpy as np
 
-from .journal_format import JournalError, Parts, Record, encode
+from .journal_format import JournalError, Parts, encode
+from .journal_reader import Damage, Record
 from .sessions import Session, SessionState
 from .trajectory import Turn
 
-__all__ = ["Replay", "create_meta", "snapshot_parts", "turn_parts"]
+__all__ = ["Replay", "TurnBytes", "create_meta", "snapshot_parts", "turn_parts"]
 
 # The journal's one logger, whichever of its modules speaks.
 logger = logging.getLogger("rollout_session.journal")
@@ -127,6 +140,32 @@ def snapshot_parts(session: Session) -> Parts:
     return encode(meta, blobs)
 
 
+# --- byte accounting ---
+
+
+class TurnBytes:
+    """The framed sizes of a session's turn records still in effect, so that
+    a rollback's superseded turns count as dead bytes. Turns before `base`
+    came in one record (a create has none, a snapshot all it held)."""
+
+    __slots__ = ("base", "sizes")
+
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
+        self.sizes = array("q")  # untracked by the GC, 8 bytes a turn
+
+    def turn(self, index: int, size: int) -> int:
+        """A turn record keeping `index` turns, of `size` bytes: return the
+        bytes of the turn records it supersedes."""
+        keep = max(0, index - self.base)
+        dead = sum(self.sizes[keep:])
+        del self.sizes[keep:]
+        # Turns of the base record it drops stay counted: that record is live.
+        self.base = min(self.base, index)
+        self.sizes.append(size)
+        return dead
+
+
 # --- replay ---
 
 
@@ -138,8 +177,11 @@ class Replay:
         self.now = now
         self.sessions: dict[str, Session] = {}
         self.live_bytes: dict[str, int] = {}
+        self.turn_bytes: dict[str, TurnBytes] = {}
         self.dead_bytes = 0
-        # Sessions whose record could not be applied: dropped, later records ignored.
+        self.records = 0
+        # Sessions whose record could not be applied or is damaged: dropped,
+        # later records ignored (until a snapshot or a create starts it afresh).
         self._poisoned: set[str] = set()
 
     def apply(self, record: Record) -> None:
@@ -147,12 +189,23 @@ class Replay:
         kind, sid = meta["t"], meta.get("id")
         if not isinstance(sid, str):
             raise JournalError(f"{kind} record at offset {record.offset} has no session id")
+        self.records += 1
         if kind == "close":
-            self.sessions.pop(sid, None)
-            self._poisoned.discard(sid)
-            self.dead_bytes += self.live_bytes.pop(sid, 0) + record.size
+            self._forget(sid)
+            self.dead_bytes += record.size
             return
-        self.live_bytes[sid] = self.live_bytes.get(sid, 0) + record.size
+        if kind == "snapshot" or (kind == "create" and sid in self._poisoned):
+            # Starts the session afresh: what came before is superseded.
+            self._forget(sid)
+        live = self.live_bytes.get(sid, 0) + record.size
+        if kind == "turn":
+            turn = meta.get("turn")
+            index = turn.get("index") if isinstance(turn, dict) else None
+            if isinstance(index, int):
+                dead = self.turn_bytes.setdefault(sid, TurnBytes()).turn(index, record.size)
+                self.dead_bytes += dead
+                live -= dead
+        self.live_bytes[sid] = live
         if sid in self._poisoned:
             return
         try:
@@ -164,11 +217,31 @@ class Replay:
             self.sessions.pop(sid, None)
             self._poisoned.add(sid)
 
+    def damaged(self, damage: Damage) -> None:
+        """Bytes that held records are unreadable: the sessions known to have
+        had a record there are dropped (their later records would build on
+        a gap), every other session replays on."""
+        for sid in damage.session_ids:
+            if self.sessions.pop(sid, None) is not None:
+                logger.error(
+                    "journal: dropping session %s: one of its records is damaged (offset %d)",
+                    sid,
+                    damage.start,
+                )
+            self._poisoned.add(sid)
+
+    def _forget(self, sid: str) -> None:
+        self.sessions.pop(sid, None)
+        self._poisoned.discard(sid)
+        self.turn_bytes.pop(sid, None)
+        self.dead_bytes += self.live_bytes.pop(sid, 0)
+
     def _apply(self, kind: str, sid: str, meta: dict[str, Any], blobs: list[memoryview]) -> None:
         if kind in ("create", "snapshot"):
             if sid in self.sessions:
                 raise ValueError("session created twice")
-            self.sessions[sid] = self._session(meta, blobs)
+            self.sessions[sid] = session = self._session(meta, blobs)
+            self.turn_bytes[sid] = TurnBytes(len(session.trajectory.turns))
         elif kind == "turn":
             _apply_turn(self.sessions[sid], meta, blobs)
         elif kind == "expire":
@@ -176,6 +249,11 @@ class Replay:
             session.state = SessionState.EXPIRED
             session.closed_at = meta["cl"]
             session.worker = meta["worker"]
+        elif kind == "collect":
+            session = self.sessions[sid]
+            session.state = SessionState.COLLECTED
+            session.closed_at = meta["cl"]
+            session.worker = None
         else:
             raise ValueError(f"unknown record type {kind!r}")
 
@@ -185,6 +263,9 @@ class Replay:
             if problem is not None:
                 logger.error("journal: dropping session %s: %s", sid, problem)
                 del self.sessions[sid]
+        for sid in list(self.live_bytes):
+            if sid not in self.sessions:  # dropped as unreadable: as good as forgotten
+                self._forget(sid)
         return list(self.sessions.values())
 
     def _session(self, meta: dict[str, Any], blobs: list[memoryview]) -> Session:

@@ -5,6 +5,8 @@
   but its document stays readable until collected or ``--keep-closed-s``
   passes. Dropping an uncollected document is logged at WARNING with its id:
   never silent.
+- A collected session stays readable for ``--keep-collected-s`` after its
+  DELETE began (so a lost answer can be fetched again), then is forgotten.
 - Pause (weight sync): new turns wait for resume up to ``--pause-wait-s``,
   then 503 ``server_paused``; in-flight turns finish, and `PauseGate.pause`
   returns once none is left, so the trainer knows the workers are quiet.
@@ -59,6 +61,10 @@ def reap_once(ctx: ServerContext) -> None:
                 session.id,
                 settings.keep_closed_s,
             )
+            store.forget(session)
+    for session in store.registry.collected():
+        if session.closed_at is None or now - session.closed_at > settings.keep_collected_s:
+            logger.debug("forgetting collected session %s", session.id)
             store.forget(session)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .sessions import SessionState
@@ -39,6 +39,7 @@ class _StateCollector(Collector):
             "rollout_sessions", "Sessions held, by state", labels=["state"]
         )
         tally = Tally(s.state.value for s in ctx.registry)
+        tally[SessionState.COLLECTED.value] = len(ctx.registry.collected())
         for state in SessionState:
             sessions.add_metric([state.value], tally[state.value])
         yield sessions
@@ -66,8 +67,22 @@ class _StateCollector(Collector):
         if journal is not None:
             yield GaugeMetricFamily(
                 "rollout_journal_writable",
-                "1 while the journal records changes; 0 once its writer failed",
+                "1 while the journal records changes; 0 from a failed write until it writes again",
                 float(journal.writable),
+            )
+            stats = journal.stats()
+            yield CounterMetricFamily(
+                "rollout_journal_write_failures",
+                "Failed journal writes or fsyncs (recovered from, or being retried)",
+                stats.write_failures,
+            )
+            yield GaugeMetricFamily(
+                "rollout_journal_bytes", "Size of the journal's current segment", stats.bytes
+            )
+            yield GaugeMetricFamily(
+                "rollout_journal_dead_bytes",
+                "Of it, superseded records compaction will reclaim",
+                stats.dead_bytes,
             )
             pending, age = journal.lag()
             yield GaugeMetricFamily(

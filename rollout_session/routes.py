@@ -17,7 +17,7 @@ from quart_trio import QuartTrio
 
 from .auth import SessionKeys
 from .context import ServerContext
-from .errors import InvalidRequest
+from .errors import InvalidRequest, JournalUnavailable
 from .export import ExportStatus, export_document, parse_include, sample_view, serialize
 from .protocol import parse_json_object
 from .sessions import SessionState
@@ -68,6 +68,12 @@ def _create_args(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | Non
     return session_id, metadata, ttl_s
 
 
+_STATUS: dict[SessionState, ExportStatus] = {
+    SessionState.EXPIRED: "expired",
+    SessionState.COLLECTED: "closed",
+}
+
+
 def _page_args(args: Any) -> tuple[SessionState | None, int, str | None]:
     state_name = args.get("state")
     try:
@@ -89,17 +95,36 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     def session_key(session_id: str) -> str | None:
         return None if session_keys is None else session_keys.key(session_id)
 
+    def journal_state() -> str:
+        if store.journal is None:
+            return "off"
+        return "ok" if store.writable else "unavailable"
+
     @app.get("/health")
     async def health() -> Response:
         healthy, total = ctx.pool.counts()
+        journal = journal_state()
         return json_response(
             {
-                "status": "ok",
+                # Alive either way (a restart would not help a full disk):
+                # `degraded` while the journal cannot record changes.
+                "status": "degraded" if journal == "unavailable" else "ok",
                 "instance_id": ctx.instance_id,
                 "workers": {"healthy": healthy, "total": total},
                 "sessions": len(registry),
+                "journal": journal,
             }
         )
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        # Ready = takes changes; replay is over before the listener opens.
+        if not store.writable:
+            raise JournalUnavailable(
+                "not ready: the session journal cannot record changes now (a write failed); "
+                "it retries by itself"
+            )
+        return json_response({"ready": True, "journal": journal_state()})
 
     @app.post("/sessions")
     async def create_session() -> Response:
@@ -135,7 +160,7 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
         if view == "sample":
             doc = sample_view(session)
         elif view == "document":
-            status: ExportStatus = "expired" if session.state is SessionState.EXPIRED else "open"
+            status = _STATUS.get(session.state, "open")
             include = parse_include(request.args.get("include"))
             doc = export_document(session, status, include, ctx.ready_tokenizer.decode_pieces)
         else:
@@ -145,7 +170,8 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.delete("/sessions/<session_id>")
     async def close_session(session_id: str) -> Response:
         include = parse_include(request.args.get("include"))
-        # Runs to the end even if this request is cancelled; only the answer is lost.
+        # Runs to the end even if this request is cancelled; only the answer
+        # is lost, and a repeated DELETE gets the same document.
         session = await store.close(session_id)
         doc = export_document(session, "closed", include, ctx.ready_tokenizer.decode_pieces)
         return await document_response(ctx, doc, len(session.trajectory))

@@ -1,30 +1,36 @@
 """The session store: the one owner of every session life-cycle change.
 
-Create, commit (a turn), expire, close, forget and restore each change the
-registry, the worker pin and the journal together, here and nowhere else.
-Each change is plain synchronous code that first checks that the journal can
-record it, then changes memory and enqueues the journal record in the same
-step (no ``await`` in between, the journal's contract). So a failed journal
-changes nothing: the request gets 503 ``journal_unavailable`` and the session
-stays as it was. Awaiting durability comes after the step; a turn or a
-create the journal fails to make durable meanwhile is undone before anyone
-is answered (a close is finished instead, see `SessionStore.close`).
+Create, commit (a turn), expire, close (collect), forget and restore each
+change the registry, the worker pin and the journal together, here and
+nowhere else. Each change is plain synchronous code that first checks that
+the journal can record it, then changes memory and enqueues the journal
+record in the same step (no ``await`` in between, the journal's contract).
+So a journal that cannot write changes nothing: the request gets 503
+``journal_unavailable`` and the session stays as it was. Awaiting durability
+comes after the step; a create, a turn or a collection the journal fails to
+make durable meanwhile is undone before anyone is answered. Nothing is
+acknowledged, or forgotten, unless it is durable; the journal writes again
+by itself once it can (`Journal`), and changes are taken again from then on.
 
 A close, once begun, runs to the end whatever its DELETE's client does: the
 wait for the in-flight turn and the journal write are shielded from the
-request's cancellation, so a session never stays ``closing``.
+request's cancellation, so a session never stays ``closing``. A collected
+session stays readable (and a repeated DELETE answers with the same
+document) until the reaper forgets it after ``--keep-collected-s``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
+from .config import Settings
 from .conversation import Conversation
-from .errors import JournalUnavailable, SessionClosing
+from .errors import JournalUnavailable
 from .journal_format import JournalError
 from .sessions import Session, SessionRegistry, SessionState, TurnSlot
 from .trajectory import Checkpoint, Turn
@@ -72,8 +78,8 @@ class _Undo(NamedTuple):
 
 def _unavailable() -> JournalUnavailable:
     return JournalUnavailable(
-        "the session journal cannot record changes (its writer failed); nothing was changed. "
-        "Reads still answer; changes resume once the server restarts on its journal"
+        "the session journal cannot record changes now (a write failed); nothing was "
+        "changed. Reads still answer; changes are taken again once the journal writes again"
     )
 
 
@@ -83,8 +89,10 @@ class SessionStore:
     def __init__(self, registry: SessionRegistry, pool: WorkerPool) -> None:
         self.registry = registry
         self.pool = pool
-        # Attached by `restore` at start-up with --journal; None: memory only.
+        # Attached by `open_journal` at start-up with --journal; None: memory only.
         self.journal: Journal | None = None
+        # Closes under way, by session id: a repeated DELETE waits for its end.
+        self._closes: dict[str, trio.Event] = {}
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -101,6 +109,26 @@ class SessionStore:
 
     # --- start-up and shutdown ---
 
+    async def open_journal(self, settings: Settings) -> None:
+        """Replay ``--journal`` and take back its sessions; once per store.
+
+        `cli.serve` calls it before the listener opens, so replay has no
+        start-up limit (the app's lifespan has hypercorn's); an app started
+        otherwise (tests, embedding) calls it from its start-up."""
+        if settings.journal is None or self.journal is not None:
+            return
+        from .journal import Journal
+
+        journal, restored = await Journal.open(
+            Path(settings.journal),
+            fsync=settings.journal_fsync,
+            fsync_interval_s=settings.journal_fsync_interval_s,
+            retry_s=settings.journal_retry_s,
+            now=self.clock(),
+        )
+        self.restore(journal, restored)
+        logger.info("journal %s: restored %d sessions", settings.journal, len(restored))
+
     def restore(self, journal: Journal, sessions: list[Session]) -> None:
         """Attach the journal just opened and take back the sessions it replayed
         (no caps: they existed), with their worker pins."""
@@ -112,9 +140,11 @@ class SessionStore:
     async def run_journal(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Run the journal's writer for the app's lifetime.
 
-        A writer failure is logged here, once, not raised: raised, it would
-        cancel the app's other tasks (health probes, the reaper) with it.
-        From then on every change answers 503 ``journal_unavailable``.
+        A failed write is the writer's to recover from (changes answer 503
+        ``journal_unavailable`` meanwhile). A writer that dies (a bug) is
+        logged here, once, not raised: raised, it would cancel the app's
+        other tasks (health probes, the reaper) with it; changes answer 503
+        from then on, and `/ready` says why.
         """
         if self.journal is None:
             task_status.started()
@@ -145,16 +175,29 @@ class SessionStore:
     async def create(
         self, session_id: str | None, *, metadata: dict[str, Any] | None, ttl_s: float | None
     ) -> Session:
-        """A new session, answered once it is durable."""
+        """A new session, answered once it is durable. An id held by a
+        collected session is taken over: that session is forgotten."""
         self._check_writable()
-        session = self.registry.create(session_id, metadata=metadata, ttl_s=ttl_s)
+        held = self.registry.find(session_id)
+        replacing = held if held is not None and held.state is SessionState.COLLECTED else None
+        session = self.registry.create(
+            session_id, metadata=metadata, ttl_s=ttl_s, replacing=replacing
+        )
         journal = self.journal
         if journal is not None:
+            if replacing is not None:
+                journal.close(replacing.id)
             journal.create(session)
             try:
-                await journal.wait_durable()
+                # Shielded: whatever the client does, a create that did not
+                # become durable is removed here (the journal dropped it).
+                with trio.CancelScope(shield=True):
+                    await journal.wait_durable()
             except JournalError as exc:
                 self.registry.remove(session)
+                if replacing is not None:  # nothing half-done: it is back
+                    self.registry.restore(replacing)
+                    journal.reinstate(replacing)
                 raise _unavailable() from exc
         return session
 
@@ -206,23 +249,40 @@ class SessionStore:
 
     async def close(self, session_id: str) -> Session:
         """Collect a session (DELETE): cancel its in-flight turn, wait for it,
-        forget the session durably, and return it for its final document.
+        mark the session collected durably, and return it for its document.
+
+        Repeatable: a session already collected is returned as it is (the
+        same document), and a DELETE arriving while another is collecting
+        the session waits for that one's outcome.
 
         Once begun, the close is shielded from the caller's cancellation: a
         DELETE whose client goes away may lose its answer, but the session
-        still ends gone and journaled.
+        still ends collected and journaled (and the retry gets the document).
 
-        If the journal fails while the in-flight turn winds down, the session
-        is put back as it was (the cancelled turn stays uncommitted, as after
-        any failed turn) and the caller gets 503. If it fails once the
-        session's end is queued, that record may or may not be on disk: the
-        document is handed out all the same, so a restart may bring back a
-        collected session but never loses an uncollected one.
+        If the journal cannot record the collection, the session is put back
+        as it was (the cancelled turn stays uncommitted, as after any failed
+        turn) and the caller gets 503: nothing is collected unless it is
+        durable.
         """
-        session = self.registry.get(session_id)
-        if session.state is SessionState.CLOSING:
-            raise SessionClosing(f"session {session.id} is already being closed")
+        while True:
+            session = self.registry.get(session_id)
+            if session.state is SessionState.COLLECTED:
+                return session
+            under_way = self._closes.get(session.id)
+            if under_way is None:
+                break
+            await under_way.wait()
         self._check_writable()
+        done = self._closes[session.id] = trio.Event()
+        try:
+            with trio.CancelScope(shield=True):
+                await self._collect(session)
+        finally:
+            del self._closes[session.id]
+            done.set()
+        return session
+
+    async def _collect(self, session: Session) -> None:
         before = session.state, session.closed_at
         slot = session.begin_close(self.clock())
         journal = self.journal
@@ -230,30 +290,26 @@ class SessionStore:
             # Collection has begun: a restart brings the session back expired
             # (readable, collectable), never open for more turns.
             journal.closing(session)
-        with trio.CancelScope(shield=True):
-            if slot is not None:
-                # The turn runs inside slot.cancel_scope: it aborts its
-                # upstream request and commits nothing.
-                await slot.done.wait()
-            if journal is not None:
-                if not journal.writable:
-                    # Nothing queued says the session is gone: put it back.
-                    session.state, session.closed_at = before
-                    raise _unavailable()
-                journal.close(session.id)
-                try:
-                    await journal.wait_durable()
-                except JournalError:
-                    logger.warning(
-                        "session %s collected, but the journal failed before its close was "
-                        "durable: after a restart it may come back",
-                        session.id,
-                    )
-            self._remove(session)
-        return session
+        if slot is not None:
+            # The turn runs inside slot.cancel_scope: it aborts its upstream
+            # request and commits nothing.
+            await slot.done.wait()
+        if journal is not None and not journal.writable:
+            session.state, session.closed_at = before
+            raise _unavailable()
+        self.registry.collect(session)
+        if journal is not None:
+            journal.collect(session)
+            try:
+                await journal.wait_durable()
+            except JournalError as exc:
+                self.registry.uncollect(session, *before)
+                raise _unavailable() from exc
+        self.pool.release_session(session)
 
     def forget(self, session: Session) -> None:
-        """Drop a session the server closed, its keep-closed window over."""
+        """Drop a session the server closed or a DELETE collected, its keep
+        window over."""
         self._check_writable()
         self._remove(session)
         if self.journal is not None:

@@ -48,6 +48,10 @@ class SessionState(enum.Enum):
     # Closed by the server itself (idle TTL, shutdown): no more turns, but the
     # document stays readable until a DELETE collects it.
     EXPIRED = "expired"
+    # Collected by a DELETE: no more turns, unpinned, not listed and not
+    # counted against --max-sessions; its document stays readable (a repeated
+    # DELETE gets it again) for --keep-collected-s, then it is forgotten.
+    COLLECTED = "closed"
 
 
 @dataclass(slots=True)
@@ -143,7 +147,12 @@ class Session:
 
 
 class SessionRegistry:
-    """All sessions of one server, in creation order."""
+    """All sessions of one server, in creation order.
+
+    Collected sessions are held too (`get` finds them) but apart: `len`,
+    iteration, paging without a state and the --max-sessions cap see only the
+    others, the sessions a trainer still has to collect.
+    """
 
     def __init__(
         self, clock: Callable[[], float] = time.time, max_sessions: int | None = None
@@ -157,12 +166,33 @@ class SessionRegistry:
         self._by_order: SortedDict = SortedDict()
         self._order: dict[str, int] = {}
         self._next = itertools.count()
+        # The collected ones among `_sessions`, in the order they were collected.
+        self._collected: dict[str, Session] = {}
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        """Sessions held, collected ones aside."""
+        return len(self._sessions) - len(self._collected)
 
     def __iter__(self) -> Iterator[Session]:
-        return iter(list(self._sessions.values()))
+        """Sessions held, collected ones aside (a copy: safe to change them meanwhile)."""
+        collected = self._collected
+        return iter([s for s in self._sessions.values() if s.id not in collected])
+
+    def collected(self) -> list[Session]:
+        """The collected sessions still held, oldest collection first."""
+        return list(self._collected.values())
+
+    def collect(self, session: Session) -> None:
+        """Mark a held session collected (its close is done)."""
+        if self._sessions.get(session.id) is not session:
+            raise SessionNotFound(f"session {session.id} does not exist")
+        session.state = SessionState.COLLECTED
+        self._collected[session.id] = session
+
+    def uncollect(self, session: Session, state: SessionState, closed_at: float | None) -> None:
+        """Undo `collect` (its journal record did not become durable)."""
+        self._collected.pop(session.id, None)
+        session.state, session.closed_at = state, closed_at
 
     def create(
         self,
@@ -170,7 +200,10 @@ class SessionRegistry:
         *,
         metadata: dict[str, Any] | None = None,
         ttl_s: float | None = None,
+        replacing: Session | None = None,
     ) -> Session:
+        """A new session. `replacing`, a collected session holding the same
+        id, is dropped for it once every check has passed."""
         if session_id is None:
             session_id = uuid.uuid4().hex
         elif not SESSION_ID.fullmatch(session_id) or session_id in (".", ".."):
@@ -180,13 +213,16 @@ class SessionRegistry:
                 "session_id must match [A-Za-z0-9._:-]{1,128} and not be '.' or '..'",
                 param="session_id",
             )
-        if session_id in self._sessions:
+        held = self._sessions.get(session_id)
+        if held is not None and not (held is replacing and held.state is SessionState.COLLECTED):
             raise SessionExists(f"session {session_id} already exists")
-        if self.max_sessions is not None and len(self._sessions) >= self.max_sessions:
+        if self.max_sessions is not None and len(self) >= self.max_sessions:
             raise TooManySessions(
-                f"the server holds {len(self._sessions)} sessions (--max-sessions); "
+                f"the server holds {len(self)} sessions (--max-sessions); "
                 "collect finished ones first"
             )
+        if held is not None:
+            self.remove(held)
         now = self.clock()
         session = Session(
             id=session_id,
@@ -201,6 +237,8 @@ class SessionRegistry:
     def restore(self, session: Session) -> None:
         """Put back a session rebuilt from the journal (no caps: it existed)."""
         self._add(session)
+        if session.state is SessionState.COLLECTED:
+            self._collected[session.id] = session
 
     def _add(self, session: Session) -> None:
         order = self._order.pop(session.id, None)
@@ -211,21 +249,27 @@ class SessionRegistry:
         self._by_order[order] = session
 
     def get(self, session_id: str) -> Session:
+        """A held session, collected ones included."""
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFound(f"session {session_id} does not exist")
         return session
 
+    def find(self, session_id: str | None) -> Session | None:
+        return None if session_id is None else self._sessions.get(session_id)
+
     def remove(self, session: Session) -> None:
         if self._sessions.get(session.id) is session:
             del self._sessions[session.id]
             del self._by_order[self._order.pop(session.id)]
+            self._collected.pop(session.id, None)
 
     def page(
         self, *, state: SessionState | None, limit: int, after: str | None
     ) -> tuple[list[Session], bool]:
         """Sessions in creation order after the id `after`; (page, has_more).
 
+        Collected sessions are listed only when `state` asks for them.
         O(log n + what the page covers): sessions of another state on the
         way are skipped, the rest of the registry is not touched."""
         start = None
@@ -236,7 +280,9 @@ class SessionRegistry:
         out: list[Session] = []
         for order in self._by_order.irange(minimum=start, inclusive=(False, True)):
             session: Session = self._by_order[order]
-            if state is not None and session.state is not state:
+            if session.state is not state and (
+                state is not None or session.state is SessionState.COLLECTED
+            ):
                 continue
             if len(out) == limit:
                 return out, True

@@ -5,7 +5,7 @@ import { api, ApiError } from './api.js';
 import { ageOf, badge, clear, fmtAge, fmtInt, h, sessionHref } from './dom.js';
 
 const REFRESH_MS = 3000;
-const STATES = ['', 'open', 'closing', 'expired'];
+const STATES = ['', 'open', 'closing', 'expired', 'closed'];
 const LIMITS = [25, 50, 100, 250];
 
 // Kept across visits of the overview (going back from a session keeps the page).

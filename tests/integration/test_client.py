@@ -54,8 +54,11 @@ async def test_client_under_trio_shards_across_two_servers(make_stack: StackFact
         # Each session lived (and was collected) on the server its id hashes to.
         assert first.emulator.received == per_server[first.url] > 0
         assert second.emulator.received == per_server[second.url] > 0
+        # Collected, and readable again for --keep-collected-s.
+        session_id, doc = next(iter(docs.items()))
+        assert await client.trajectory(session_id) == doc
         with pytest.raises(SessionServerError) as info:
-            await client.trajectory(next(iter(docs)))
+            await client.trajectory("never-created")
         assert info.value.code == "session_not_found"
 
 

@@ -1,10 +1,10 @@
 """The HTTP edge over real HTTP, route by route, Quart's and the chat route's.
 
-Every route: the keys (401 without one; ``/health`` and the inspector page
-open; each role's key reaching its routes and no others, 403 for the
-trainer's key on an operator route), the method (405 with ``Allow``), the
-body limit (413 with ``Connection: close``), and the connection after each
-of these: a raw client
+Every route: the keys (401 without one; ``/health``, ``/ready`` and the
+inspector page open; each role's key reaching its routes and no others, 403
+for the trainer's key on an operator route), the method (405 with ``Allow``),
+the body limit (413 with ``Connection: close``), and the connection after
+each of these: a raw client
 writes the request's head, then its body a moment later (as HTTP clients
 do), then a second request on the same connection, which must be answered
 (or, after ``Connection: close``, the connection closed) without a stall.
@@ -59,8 +59,9 @@ class Route:
 
     @property
     def other_method_access(self) -> Access:
-        """The inspector's files are public for GET and HEAD only."""
-        public_any_method = self.rule == "/health"
+        """The inspector's files are public for GET and HEAD only; /health and
+        /ready for every method (app.is_public)."""
+        public_any_method = self.rule in ("/health", "/ready")
         if self.access is Access.PUBLIC and not public_any_method:
             return Access.TRAINER
         return self.access
@@ -74,6 +75,7 @@ class Route:
 CHAT = Route("POST", "/sessions/<session_id>/v1/chat/completions", Access.MODEL)
 ROUTES = [
     Route("GET", "/health", Access.PUBLIC),
+    Route("GET", "/ready", Access.PUBLIC),
     Route("POST", "/sessions"),
     Route("GET", "/sessions"),
     Route("GET", "/sessions/<session_id>"),

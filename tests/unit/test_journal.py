@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollout_session import journal_format as fmt
+from rollout_session import journal_reader as reader
 from rollout_session.journal import Journal, JournalError
 from rollout_session.sessions import Session, SessionState
 from rollout_session.trajectory import Turn
@@ -233,19 +234,25 @@ async def test_torn_tail_at_every_byte_replays_what_came_before(tmp_path: Path) 
 async def test_corrupt_crc_is_truncated_and_kept_aside(
     tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    before, _, _ = await two_sessions(tmp_path)
+    before, after, _ = await two_sessions(tmp_path)
     path = segment(tmp_path)
     data = bytearray(path.read_bytes())
-    records: list[fmt.Record] = []
-    fmt.scan(bytes(data), records.append)
+    records: list[reader.Record] = []
+    reader.scan(bytes(data), records.append)
     target = records[-1] if where == "last" else records[3]  # begin, create, create, turn a
     data[target.offset + target.size - 1] ^= 0x40
     path.write_bytes(bytes(data))
-    got = await replayed(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        got = await replayed(tmp_path)
     if where == "last":
         assert got == before
-    else:  # nothing after a bad record is trusted: b keeps its create only
-        assert set(got) == {"a", "b"} and got["a"]["turns"] == [] and got["b"]["turns"] == []
+    else:
+        # Reading resynchronises after the damaged record: b's later turn is
+        # kept; a, whose record it was, is dropped (its next turn would build
+        # on the gap), loudly and by name.
+        assert got == {"b": after["b"]}
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any("dropping session a" in m for m in errors), errors
     assert "crc mismatch" in caplog.text
     assert (tmp_path / f"{path.name}.bad-{target.offset}").exists()
 
@@ -411,7 +418,7 @@ async def test_wait_durable_returns_only_after_its_records_are_written(tmp_path:
         assert journal.lag()[0] >= 1
         await journal.wait_durable()
         ids: set[Any] = set()
-        fmt.scan(segment(tmp_path).read_bytes(), lambda r: ids.add(r.meta.get("id")))
+        reader.scan(segment(tmp_path).read_bytes(), lambda r: ids.add(r.meta.get("id")))
         assert f"c{i}" in ids
 
     async with running(tmp_path, fsync="always") as (journal, _):
@@ -424,20 +431,23 @@ async def test_wait_durable_returns_only_after_its_records_are_written(tmp_path:
         assert journal.stats().fsyncs < 51  # group commit: fewer fsyncs than records
 
 
-async def test_write_failure_is_fatal_and_reported(
+async def test_a_writer_bug_is_fatal_and_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Not a disk error (those are recovered from, tests/unit/test_journal_failures.py):
+    raised, and the journal takes nothing more."""
     journal, _ = await Journal.open(tmp_path)
 
     def broken(*args: Any) -> None:
-        raise OSError(28, "No space left on device")
+        raise RuntimeError("a bug")
 
     monkeypatch.setattr("rollout_session.journal.write_records", broken)
     journal.create(new_session("s"))
     with pytest.raises(ExceptionGroup) as info:
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)
-    assert info.group_contains(OSError, match="No space")
+    assert info.group_contains(RuntimeError, match="a bug")
+    assert not journal.writable
     with pytest.raises(JournalError):
         await journal.wait_durable()
     with pytest.raises(JournalError):
@@ -491,7 +501,17 @@ async def test_kill_9_after_wait_durable_loses_nothing(tmp_path: Path) -> None:
 OPS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["create", "turn", "rollback", "expire", "closing", "close", "compact", "restart"]
+            [
+                "create",
+                "turn",
+                "rollback",
+                "expire",
+                "closing",
+                "collect",
+                "close",
+                "compact",
+                "restart",
+            ]
         ),
         st.integers(0, 5),  # which session
         st.integers(0, 40),  # tokens
@@ -523,6 +543,9 @@ async def run_ops(path: Path, ops: list[tuple[str, int, int]]) -> None:
             elif op == "closing" and s and s.state is SessionState.OPEN:
                 s.begin_close(NOW + n)  # a DELETE under way
                 journal.closing(s)
+            elif op == "collect" and s and s.state is not SessionState.COLLECTED:
+                s.state, s.closed_at, s.worker = SessionState.COLLECTED, NOW + n, None
+                journal.collect(s)  # readable until its close
             elif op == "close" and s:
                 journal.close(sid)
                 del live[sid]

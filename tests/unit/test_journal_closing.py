@@ -2,8 +2,9 @@
 
 A DELETE that began collecting an open session is journaled as an expiry
 (unpinned): replay, or a compaction taken meanwhile, brings the session back
-expired with its whole trajectory, never open; the collection's ``close``
-record then forgets it as before.
+expired with its whole trajectory, never open; a ``close`` record then
+forgets it as before. The journal says whether it can record
+a change now: not from a failed write until it has written again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import numpy as np
 import pytest
 import trio
 
+from rollout_session import journal as journal_module
+from rollout_session import journal_format as fmt
 from rollout_session.journal import Journal, JournalError
 from rollout_session.sessions import SessionState
 
@@ -42,21 +45,32 @@ async def test_a_close_in_progress_replays_as_expired(tmp_path: Path, compacted:
     assert restored == expected
 
 
-async def test_writable_until_the_writer_fails(
+async def test_not_writable_from_a_failed_write_until_it_writes_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    journal, _ = await Journal.open(tmp_path)
+    journal, _ = await Journal.open(tmp_path, retry_s=0.01)
     assert journal.writable
+    healthy = fmt.write_records
+    failing = True
 
-    def broken(*args: Any) -> None:
-        raise OSError(5, "Input/output error")
+    def flaky(*args: Any) -> None:
+        if failing:
+            raise OSError(5, "Input/output error")
+        healthy(*args)
 
-    monkeypatch.setattr("rollout_session.journal.write_records", broken)
+    monkeypatch.setattr(journal_module, "write_records", flaky)
     session = new_session("s")
     journal.create(session)
-    with pytest.raises(ExceptionGroup):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(journal.run)
-    assert not journal.writable
-    with pytest.raises(JournalError):
-        journal.closing(session)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        with pytest.raises(JournalError):
+            await journal.wait_durable()
+        assert not journal.writable
+        with pytest.raises(JournalError):
+            journal.closing(session)
+        failing = False
+        await journal.wait_writable()
+        journal.create(new_session("t"))
+        await journal.wait_durable()
+        await journal.aclose()
+    assert set(await replayed(tmp_path)) == {"t"}  # the lost create is not there
