@@ -31,13 +31,9 @@ dropped, with the same bounds); a body that cannot be read (over the limit,
 too slow) gets its answer with ``Connection: close``, and hypercorn closes
 the connection after it.
 
-Keep-alive after the answer. Hypercorn makes a connection idle (its
-keep-alive timeout, and the close at shutdown) in the task that sends the
-last body message, after it has told the app the exchange ended; Quart-Trio
-and the fast route cancel that task as soon as they hear it, and the
-cancelled connection was never made idle: it stayed open until the client
-closed it, past the keep-alive timeout and past a SIGTERM, which then waited
-out its whole grace. So the last body message is sent shielded.
+Keep-alive after the answer: the last body message must not be cancelled,
+or hypercorn never makes the connection idle; `serving` shields it for every
+app it serves (see there).
 
 The fast route exists for speed: every agent turn is a chat request, and
 Quart's per-request machinery (request and app contexts, a task, werkzeug
@@ -59,7 +55,6 @@ from hypercorn.typing import (
     ASGIReceiveCallable,
     ASGIReceiveEvent,
     ASGISendCallable,
-    ASGISendEvent,
     HTTPResponseBodyEvent,
     HTTPResponseStartEvent,
     HTTPScope,
@@ -170,22 +165,7 @@ async def send_response(send: ASGISendCallable, response: RawResponse) -> None:
     status, headers, body = response
     headers = [*headers, (b"content-length", str(len(body)).encode())]
     await send(HTTPResponseStartEvent(type="http.response.start", status=status, headers=headers))
-    # Shielded: hypercorn makes the connection idle in this call (module doc).
-    with trio.CancelScope(shield=True):
-        await send(HTTPResponseBodyEvent(type="http.response.body", body=body, more_body=False))
-
-
-def _shield_last_body(send: ASGISendCallable) -> ASGISendCallable:
-    """`send` for Quart, its last body message shielded (module doc)."""
-
-    async def shielded(message: ASGISendEvent) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            with trio.CancelScope(shield=True):
-                await send(message)
-        else:
-            await send(message)
-
-    return shielded
+    await send(HTTPResponseBodyEvent(type="http.response.body", body=body, more_body=False))
 
 
 class _ClientGone(Exception):
@@ -241,7 +221,7 @@ class HttpEdge:
             await send_response(send, _closing(error_response(error)))
             return
         if fast_arg is None:
-            await self._app(scope, _replay(body, receive), _shield_last_body(send))
+            await self._app(scope, _replay(body, receive), send)
         else:
             await self._serve_fast(fast_arg, body, receive, send)
 

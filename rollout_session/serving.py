@@ -21,9 +21,17 @@ classes, with what that loop lacks:
   either is logged at most once a minute;
 - **a connection ends with its client**: hypercorn's waited for its idle
   timer after the client had closed (`_TCPServer`);
+- **keep-alive after an answer**: hypercorn makes a connection idle (its
+  keep-alive timeout, and the close at shutdown) in the task that sends the
+  last body message, after it has told the app the exchange ended;
+  Quart-Trio (and the session server's fast route) cancel that task as soon
+  as they hear it, and the cancelled connection was never made idle: it
+  stayed open until the client closed it, past the keep-alive timeout and
+  past a shutdown, which then waited out its whole grace. So every app served
+  here has its last body message sent shielded (`_idle_able`);
 - **shutdown**: the listener closes, idle keep-alive connections close at
-  once (hypercorn's ``terminated`` event; the HTTP edge keeps connections
-  idle-able, see `http_edge`), requests in flight get ``graceful_timeout``.
+  once (hypercorn's ``terminated`` event), requests in flight get
+  ``graceful_timeout``.
 """
 
 from __future__ import annotations
@@ -34,14 +42,24 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import AppWrapper, ASGISendEvent, ConnectionState, Framework, LifespanState
+from hypercorn.typing import (
+    AppWrapper,
+    ASGIFramework,
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    ASGISendEvent,
+    ConnectionState,
+    Framework,
+    LifespanState,
+    Scope,
+)
 from hypercorn.utils import repr_socket_addr, wrap_app
 
 __all__ = ["CannotListen", "RunningServer", "hypercorn_config", "start_server"]
@@ -180,6 +198,30 @@ class _Lifespan(Lifespan):
         await super().asgi_send(message)
 
 
+def _idle_able(app: Framework) -> ASGIFramework:
+    """`app` (ASGI 3, as every app served here) with each response's last body
+    message sent shielded (module doc)."""
+    asgi = cast(ASGIFramework, app)
+
+    async def shielded_app(
+        scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] != "http":
+            await asgi(scope, receive, send)
+            return
+
+        async def send_shielded(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            else:
+                await send(message)
+
+        await asgi(scope, receive, send_shielded)
+
+    return shielded_app
+
+
 async def _serve(
     app: Framework,
     config: Config,
@@ -188,7 +230,7 @@ async def _serve(
     shutdown_trigger: Callable[[], Awaitable[Any]],
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
-    wrapped = wrap_app(app, config.wsgi_max_body_size, None)
+    wrapped = wrap_app(_idle_able(app), config.wsgi_max_body_size, None)
     state: LifespanState = {}
     lifespan = _Lifespan(wrapped, config, state)
     context = WorkerContext(None)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from quart_trio import QuartTrio
 
 from rollout_session import Settings, create_app
 from rollout_session.serving import RunningServer, start_server
@@ -81,6 +82,27 @@ async def test_shutdown_closes_idle_keep_alive_connections_at_once(
             assert await conn.closed_by_server()
     for conn in connections:
         await conn.aclose()
+
+
+async def test_a_plain_quart_app_closes_idle_keep_alive_connections_at_shutdown(
+    nursery: trio.Nursery,
+) -> None:
+    """Every app `start_server` serves (the emulator, tests' fake workers), not
+    only the session server: a shutdown never waits out the grace for an
+    idle connection."""
+    app = QuartTrio("plain")
+
+    @app.get("/ping")
+    async def ping() -> str:
+        return "pong"
+
+    server = await start_server(nursery, app, graceful_timeout=LONG_GRACE_S)
+    conn = await RawConnection.open(server.url)
+    with trio.fail_after(STALL_S):
+        assert (await conn.request("GET", "/ping")).status == 200
+        await server.aclose()
+        assert await conn.closed_by_server()
+    await conn.aclose()
 
 
 async def test_idle_keep_alive_connections_close_after_the_keep_alive_timeout(
