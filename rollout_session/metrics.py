@@ -118,6 +118,12 @@ class Metrics:
         self.validation_failures = Counter(
             "rollout_validation_failures", "Malformed worker answers by kind", ["kind"], registry=r
         )
+        self.rollbacks = Counter(
+            "rollout_rollbacks",
+            "Requests that dropped committed turns (and their sampled tokens), by reason",
+            ["reason"],
+            registry=r,
+        )
         self.busy = Counter(
             "rollout_busy_rejections", "Turns refused with 409 session_busy", registry=r
         )

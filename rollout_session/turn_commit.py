@@ -19,7 +19,22 @@ from .trajectory import IdArray, Turn
 from .upstream import UpstreamReply
 from .validation import WorkerAnswer
 
-__all__ = ["TurnPlan", "commit_turn"]
+__all__ = ["Rollback", "TurnPlan", "commit_turn"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    """Why a turn drops committed turns (their sampled tokens leave the
+    trajectory): logged and counted when the turn commits."""
+
+    # retry: the previous request again (its answer never reached the agent);
+    # tools_changed: other tools than the session's; answer_dropped: the
+    # history stops matching at one of the session's answers (an agent that
+    # drops or rewrites what the model said); history_edited: at any other
+    # message.
+    reason: str
+    dropped_turns: int
+    at_message: int  # the first message that differs from the stored history
 
 
 @dataclass(slots=True)
@@ -33,6 +48,7 @@ class TurnPlan:
     prompt_ids: list[int]  # appended with mask 0 before the sampled ids
     input_ids: IdArray  # everything the worker is sent
     experts_start: int = 0  # positions whose routed experts are already stored
+    rollback: Rollback | None = None  # set exactly when keep_turns < the session's turns
 
 
 def commit_turn(

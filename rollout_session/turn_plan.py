@@ -21,7 +21,7 @@ from .prompt.junction import STOPPED, continuation
 from .protocol import ChatRequest
 from .sessions import Session
 from .tokenization import ChatTokenizer
-from .turn_commit import TurnPlan
+from .turn_commit import Rollback, TurnPlan
 
 __all__ = ["TurnPolicy", "plan_turn"]
 
@@ -105,9 +105,18 @@ def plan_turn(
                     f"{sorted(policy.append_roles)} messages",
                     param="messages",
                 )
+    rollback = _rollback(session, request, shared, keep) if keep < len(turns) else None
     if keep == 0:
         prompt = tokenizer.first_turn(incoming, tools=request.tools, kwargs=kwargs)
-        return TurnPlan(0, incoming, request.tools, kwargs, prompt, np.asarray(prompt, np.int32))
+        return TurnPlan(
+            0,
+            incoming,
+            request.tools,
+            kwargs,
+            prompt,
+            np.asarray(prompt, np.int32),
+            rollback=rollback,
+        )
     last = turns[keep - 1]
     junction = tokenizer.junction(
         stored.message(last.messages_end - 1),
@@ -130,4 +139,19 @@ def plan_turn(
         prompt,
         input_ids,
         trajectory.expert_positions(keep),
+        rollback,
     )
+
+
+def _rollback(session: Session, request: ChatRequest, shared: int, keep: int) -> Rollback:
+    """Name why a request drops turns `keep`… of the session (module doc)."""
+    stored = session.conversation
+    dropped = len(session.trajectory.turns) - keep
+    if request.tools != session.tools:
+        return Rollback("tools_changed", dropped, 0)
+    # The previous request: the stored history without the last answer.
+    if shared == len(request.messages) == len(stored) - 1:
+        return Rollback("retry", dropped, shared)
+    if shared < len(stored) and stored.message(shared)["role"] == "assistant":
+        return Rollback("answer_dropped", dropped, shared)
+    return Rollback("history_edited", dropped, shared)

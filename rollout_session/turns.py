@@ -11,6 +11,7 @@ the journal could not record the turn.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from .served_model import ServedModel
 from .session_store import SessionStore
 from .sessions import Session, TurnSlot
 from .tokenization import ChatTokenizer
-from .turn_commit import TurnPlan
+from .turn_commit import Rollback, TurnPlan
 from .turn_limits import check_prompt_floor, completion_budget
 from .turn_plan import TurnPolicy, plan_turn
 from .upstream import UpstreamReply
@@ -41,6 +42,8 @@ from .validation import AnswerCheck
 from .workers import WorkerPool
 
 __all__ = ["TurnOutcome", "TurnPolicy", "TurnRunner", "plan_turn", "upstream_body"]
+
+logger = logging.getLogger("rollout_session")
 
 # Fields the server owns in the upstream request: what it needs back to keep
 # the trajectory exact (docs/api.md#what-the-worker-is-sent).
@@ -205,6 +208,20 @@ class TurnRunner:
         self.pool.report_success(reply.worker)
         # Returns once the turn is durable; the agent hears of it only then.
         await self.store.commit(session, slot, plan, answer, reply, experts)
+        if plan.rollback is not None:
+            self._report_rollback(session, plan.rollback)
         self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
         self.metrics.tokens.labels("sampled").inc(len(answer.ids))
         return TurnOutcome(reply, request.stream_mode)
+
+    def _report_rollback(self, session: Session, rollback: Rollback) -> None:
+        # Never silent: the dropped turns' sampled tokens left the trajectory.
+        self.metrics.rollbacks.labels(rollback.reason).inc()
+        logger.info(
+            "session %s: rollback (%s): %d turn(s) dropped; the request differs from "
+            "the stored history at message %d",
+            session.id,
+            rollback.reason,
+            rollback.dropped_turns,
+            rollback.at_message,
+        )

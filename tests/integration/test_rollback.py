@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
+
+import pytest
 
 from ..conftest import TOOLS, Stack, StackFactory
 from .test_turns import check_document, echo, run_tool_episode
@@ -104,3 +107,62 @@ async def test_history_compare_ignores_ids_key_order_and_empty_forms(stack: Stac
     response = await stack.chat(session_id, messages=messages, tools=TOOLS)
     assert response.status_code == 200, response.text
     assert len((await stack.trajectory(session_id))["turns"]) == 2
+
+
+USER_1 = {"role": "user", "content": "first question"}
+TOOLS_2: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
+
+
+def after_one_answer(answer: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Each pattern's second request, after the first turn's `answer`."""
+    return {
+        # The agent never saw the answer and sends the same request again.
+        "retry": [USER_1],
+        # The SDK dropped an empty answer and asked again (answer_dropped).
+        "answer_dropped": [USER_1, {"role": "user", "content": "please answer"}],
+        # The agent rewrote its own question.
+        "history_edited": [{"role": "user", "content": "another question"}],
+        "tools_changed": [USER_1, echo(answer), {"role": "user", "content": "go on"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("reason", "at_message"),
+    [("retry", 1), ("answer_dropped", 1), ("history_edited", 0), ("tools_changed", 0)],
+    ids=["retry", "answer_dropped", "history_edited", "tools_changed"],
+)
+async def test_every_rollback_is_logged_and_counted_by_reason(
+    stack: Stack, caplog: pytest.LogCaptureFixture, reason: str, at_message: int
+) -> None:
+    session_id = await stack.create()
+    first = await stack.chat(session_id, messages=[USER_1], tools=TOOLS)
+    assert first.status_code == 200, first.text
+    counter = stack.ctx.metrics.rollbacks.labels(reason)
+    assert counter._value.get() == 0
+    messages = after_one_answer(first.json()["choices"][0]["message"])[reason]
+    tools = TOOLS_2 if reason == "tools_changed" else TOOLS
+    with caplog.at_level(logging.INFO, logger="rollout_session"):
+        second = await stack.chat(session_id, messages=messages, tools=tools)
+    assert second.status_code == 200, second.text
+    assert counter._value.get() == 1
+    expected = (
+        f"session {session_id}: rollback ({reason}): 1 turn(s) dropped; the request differs "
+        f"from the stored history at message {at_message}"
+    )
+    assert expected in caplog.messages
+
+
+async def test_an_extension_is_no_rollback(stack: Stack) -> None:
+    session_id = await stack.create()
+    await run_tool_episode(stack, session_id, turns=3)
+    for reason in ("retry", "answer_dropped", "history_edited", "tools_changed"):
+        assert stack.ctx.metrics.rollbacks.labels(reason)._value.get() == 0
