@@ -158,8 +158,15 @@ class SessionClient:
         return replace(handle, api_key=api_key if isinstance(api_key, str) else None)
 
     async def trajectory(
-        self, session_id: str, *, include: Sequence[str] | None = None, sample: bool = False
+        self,
+        session: str | SessionHandle,
+        *,
+        include: Sequence[str] | None = None,
+        sample: bool = False,
     ) -> dict[str, Any]:
+        """The trajectory so far, without closing; `session` is the handle
+        `create` returned or its id."""
+        session_id = _id_of(session)
         params: dict[str, str] = {}
         if include is not None:
             params["include"] = ",".join(include)
@@ -173,10 +180,12 @@ class SessionClient:
         doc: dict[str, Any] = orjson.loads(response.content)
         return doc
 
-    async def close(self, session_id: str) -> dict[str, Any]:
-        """Collect the final trajectory (status ``closed``). Retried on a lost
-        answer: the server answers a repeated DELETE with the same document
-        for ``--keep-collected-s``, then forgets the session."""
+    async def close(self, session: str | SessionHandle) -> dict[str, Any]:
+        """Collect the final trajectory (status ``closed``); `session` is the
+        handle `create` returned or its id. Retried on a lost answer: the
+        server answers a repeated DELETE with the same document for
+        ``--keep-collected-s``, then forgets the session."""
+        session_id = _id_of(session)
         url = f"{self.server_for(session_id)}/sessions/{session_id}"
         response, retried = await self._send("DELETE", url)
         if retried and response.status_code == 404:
@@ -189,3 +198,7 @@ class SessionClient:
         self._raise_for(response)
         doc: dict[str, Any] = orjson.loads(response.content)
         return doc
+
+
+def _id_of(session: str | SessionHandle) -> str:
+    return session.session_id if isinstance(session, SessionHandle) else session

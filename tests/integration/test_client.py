@@ -33,8 +33,10 @@ async def rollout(client: SessionClient, n: int) -> dict[str, dict[str, Any]]:
     for i in range(n):
         handle = await client.create(metadata={"episode": i})
         await trio.to_thread.run_sync(one_agent_turn, handle.base_url)
-        assert (await client.trajectory(handle.session_id, sample=True))["response_length"] > 0
-        docs[handle.session_id] = await client.close(handle.session_id)
+        # Either the handle `create` returned or its id names the session.
+        session = handle if i % 2 else handle.session_id
+        assert (await client.trajectory(session, sample=True))["response_length"] > 0
+        docs[handle.session_id] = await client.close(session)
     return docs
 
 
