@@ -32,7 +32,7 @@ from quart_trio import QuartTrio
 from .context import ServerContext
 from .errors import RouteNotFound
 from .messages import Message
-from .prompt.junction import Junction, continuation
+from .prompt.junction import Junction, continuation, shared_prefix
 from .routes import document_response
 from .tokenization import ChatTokenizer
 
@@ -109,12 +109,8 @@ def first_mismatch(committed: Sequence[int], rerendered: Sequence[int]) -> int |
     yet (see `template_diff`). A re-render shorter than the committed ids
     mismatches where it ends.
     """
-    for i, (a, b) in enumerate(zip(committed, rerendered, strict=False)):
-        if a != b:
-            return i
-    if len(rerendered) < len(committed):
-        return len(rerendered)
-    return None
+    shared = shared_prefix(committed, rerendered)
+    return shared if shared < len(committed) else None
 
 
 def template_diff(

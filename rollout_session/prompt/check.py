@@ -42,7 +42,7 @@ from typing import Any, Final
 from ..errors import InvalidRequest, RolloutSessionError, TemplateCannotExtend
 from ..messages import Message
 from ..tokenization import ChatTokenizer
-from .junction import Junction, continuation
+from .junction import Junction, continuation, shared_prefix
 from .model_output import CallIds, answer_ids
 
 __all__ = [
@@ -229,11 +229,7 @@ def junction_problem(
         return repr("".join(tok.decode_pieces(ids)))
 
     special = tok.special_ids
-    common = 0
-    for a, b in zip(reversed(server), reversed(reference), strict=False):
-        if a != b:
-            break
-        common += 1
+    common = shared_prefix(server[::-1], reference[::-1])  # the common suffix
     # The reference's token just before the common suffix (None: it has none).
     theirs = reference[len(reference) - common - 1] if common < len(reference) else None
     theirs_shown = show([] if theirs is None else [theirs])

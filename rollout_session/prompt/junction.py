@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from ..trajectory import IdArray
 
-__all__ = ["STOPPED", "Junction", "continuation", "terminator_length"]
+__all__ = ["STOPPED", "Junction", "continuation", "shared_prefix", "terminator_length"]
 
 # Finish reasons of a turn that ended on a stop condition (its last sampled id
 # is the stop token when that is a token; `length` and `abort` were cut).
@@ -53,6 +53,16 @@ class Junction:
 
     ids: tuple[int, ...]  # J: history terminator, new messages, generation prompt
     terminator: int  # h: how many of `ids` are the history terminator
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def terminator_length(

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from ..messages import Message
+from .junction import shared_prefix
 
 if TYPE_CHECKING:
     from ..tokenization import ChatTokenizer
@@ -74,11 +75,7 @@ def _output_ids(
     full = tok.encode(
         tok.render([*messages, answer], tools=tools, kwargs=kwargs, add_generation_prompt=False)
     )
-    common = 0
-    for a, b in zip(prompt, full, strict=False):
-        if a != b:
-            break
-        common += 1
+    common = shared_prefix(prompt, full)
     opened, output = prompt[common:], full[common:]
     if output[: len(opened)] == opened:
         return output[len(opened) :]
