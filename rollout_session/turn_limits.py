@@ -54,10 +54,17 @@ def check_prompt_floor(
     max_token_bytes: int,
     context_length: int | None,
     session_cap: int | None,
+    body_bytes: int,
 ) -> None:
-    """Refuse, before rendering, messages that cannot fit a limit."""
+    """Refuse, before rendering, messages that cannot fit a limit.
+
+    `body_bytes`, the size of the JSON body that carried `messages`, bounds
+    their text from above: a body too small to be refused is not measured
+    (measuring is O(history), every turn).
+    """
     limits = _limits(context_length, session_cap)
-    if not limits:
+    smallest = min((limit for limit, _ in limits), default=None)
+    if smallest is None or body_bytes // (2 * max_token_bytes) + (max_tokens or 1) <= smallest:
         return
     floor = prompt_floor(messages, max_token_bytes)
     for limit, what in limits:

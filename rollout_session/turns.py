@@ -165,6 +165,7 @@ class TurnRunner:
             max_token_bytes=self.tokenizer.max_token_bytes,
             context_length=model.context_length,
             session_cap=policy.max_session_tokens,
+            body_bytes=len(body),
         )
         # Tokenising costs far more per byte than parsing: weighed so that a
         # body carrying long new text is planned on a thread, where the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -98,7 +99,12 @@ def test_prompt_floor_refuses_what_cannot_fit(
 
     def check() -> None:
         check_prompt_floor(
-            messages, max_tokens, max_token_bytes=4, context_length=context, session_cap=cap
+            messages,
+            max_tokens,
+            max_token_bytes=4,
+            context_length=context,
+            session_cap=cap,
+            body_bytes=len(orjson.dumps({"messages": messages})),
         )
 
     if refused:
@@ -148,3 +154,15 @@ def test_completion_budget(
             budget()
     else:
         assert budget() == expected
+
+
+def test_a_body_too_small_to_be_refused_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    def measured(*args: object) -> int:
+        raise AssertionError("the floor was measured")
+
+    monkeypatch.setattr("rollout_session.turn_limits.prompt_floor", measured)
+    messages = [{"role": "user", "content": "x" * 800}]
+    # 1,000 bytes at 4 bytes a token (x2): at most 125 tokens, under 4,096.
+    check_prompt_floor(
+        messages, 100, max_token_bytes=4, context_length=4096, session_cap=None, body_bytes=1000
+    )
