@@ -98,5 +98,8 @@ def completion_budget(
                 param="messages",
             )
     if max_tokens is None and session_cap is not None:
-        return session_cap - prompt_tokens
+        # Not past the context either: a cap above it must not ask for more
+        # than the worker can give (SGLang refuses such a request).
+        room = session_cap if context_length is None else min(session_cap, context_length)
+        return room - prompt_tokens
     return None

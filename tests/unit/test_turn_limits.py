@@ -121,6 +121,7 @@ def test_prompt_floor_refuses_what_cannot_fit(
         (100, 50, 4096, None, None),  # the agent's own max_tokens
         (100, None, 4096, 500, 400),  # the cap's remainder
         (100, None, None, 101, 1),
+        (100, None, 1000, 4096, 900),  # a cap above the context: the context's room
         (100, 400, 4096, 500, None),
         (100, 401, 4096, 500, ContextLengthExceeded),
         (500, None, 4096, 500, ContextLengthExceeded),
@@ -132,6 +133,7 @@ def test_prompt_floor_refuses_what_cannot_fit(
         "agent-max",
         "cap-remainder",
         "cap-one-left",
+        "cap-over-context",
         "agent-max-at-cap",
         "agent-max-over-cap",
         "cap-full",
