@@ -29,7 +29,7 @@ from .inspector import is_public_path, register_inspector_routes
 from .lifecycle import PauseGate, reap_forever
 from .metrics import Metrics
 from .offload import Offload
-from .prompt.check import Outcome, check_template, startup_problems
+from .prompt.check import Outcome, check_template, in_place_roles, startup_problems
 from .routes import register_routes
 from .served_model import ServedModel
 from .session_store import SessionStore
@@ -101,6 +101,8 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         await app.nursery.start(ctx.pool.run)
         await app.nursery.start(ctx.validator.run)
         app.nursery.start_soon(reap_forever, ctx)
+        tokenizer = await _load_model(ctx)
+        in_place_roles = await _check_template(tokenizer, settings)
         ctx.turns = TurnRunner(
             store=ctx.store,
             pause=ctx.pause,
@@ -108,9 +110,9 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
             validator=ctx.validator,
             offload=ctx.offload,
             metrics=ctx.metrics,
-            tokenizer=await _load_model(ctx),
+            tokenizer=tokenizer,
             model=ctx.model,
-            policy=TurnPolicy.of(settings),
+            policy=TurnPolicy.of(settings, in_place_roles),
         )
 
     @app.after_serving
@@ -172,13 +174,14 @@ async def _load_model(ctx: ServerContext) -> ChatTokenizer:
             path,
             ctx.tokenizer.vocab_size,
         )
-    await _check_template(ctx.tokenizer, settings)
     return ctx.tokenizer
 
 
-async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> None:
+async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> frozenset[str]:
     """Refuse to start on a template the server would extend wrongly (or not
-    at all, for a case the settings allow); log what it rewrites."""
+    at all, for a case the settings allow); log what it rewrites. Return the
+    appended roles beyond --append-roles it renders in place exactly: a
+    session goes on through them (docs/api.md#history-rules)."""
     results = await trio.to_thread.run_sync(
         check_template, tokenizer, settings.chat_template_kwargs
     )
@@ -201,3 +204,4 @@ async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> None:
             + "\n(`rollout-session check-template` prints the whole report; "
             "docs/templates.md says what to do)"
         )
+    return in_place_roles(results)

@@ -28,11 +28,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import httpx
 import orjson
+
+# The export's `?format=` views (docs/training.md).
+View = Literal["document", "sample", "steps"]
 
 __all__ = ["SessionClient", "SessionHandle", "SessionServerError", "TrajectoryLost"]
 
@@ -162,32 +165,35 @@ class SessionClient:
         session: str | SessionHandle,
         *,
         include: Sequence[str] | None = None,
-        sample: bool = False,
+        view: View = "document",
     ) -> dict[str, Any]:
         """The trajectory so far, without closing; `session` is the handle
-        `create` returned or its id."""
+        `create` returned or its id. `view`: the whole ``document``, one
+        ``sample`` per segment, or one record per turn (``steps``)."""
         session_id = _id_of(session)
-        params: dict[str, str] = {}
-        if include is not None:
-            params["include"] = ",".join(include)
-        if sample:
-            params["format"] = "sample"
         server = self.server_for(session_id)
         response, _ = await self._send(
-            "GET", f"{server}/sessions/{session_id}/trajectory", params=params
+            "GET", f"{server}/sessions/{session_id}/trajectory", params=_params(include, view)
         )
         self._raise_for(response)
         doc: dict[str, Any] = orjson.loads(response.content)
         return doc
 
-    async def close(self, session: str | SessionHandle) -> dict[str, Any]:
+    async def close(
+        self,
+        session: str | SessionHandle,
+        *,
+        include: Sequence[str] | None = None,
+        view: View = "document",
+    ) -> dict[str, Any]:
         """Collect the final trajectory (status ``closed``); `session` is the
-        handle `create` returned or its id. Retried on a lost answer: the
-        server answers a repeated DELETE with the same document for
-        ``--keep-collected-s``, then forgets the session."""
+        handle `create` returned or its id, `include` and `view` as for
+        `trajectory`. Retried on a lost answer: the server answers a repeated
+        DELETE with the same document for ``--keep-collected-s``, then
+        forgets the session."""
         session_id = _id_of(session)
         url = f"{self.server_for(session_id)}/sessions/{session_id}"
-        response, retried = await self._send("DELETE", url)
+        response, retried = await self._send("DELETE", url, params=_params(include, view))
         if retried and response.status_code == 404:
             # The first try may have collected it, and the server forgot it since.
             raise TrajectoryLost(
@@ -198,6 +204,13 @@ class SessionClient:
         self._raise_for(response)
         doc: dict[str, Any] = orjson.loads(response.content)
         return doc
+
+
+def _params(include: Sequence[str] | None, view: View) -> dict[str, str]:
+    params: dict[str, str] = {"format": view}
+    if include is not None:
+        params["include"] = ",".join(include)
+    return params
 
 
 def _id_of(session: str | SessionHandle) -> str:

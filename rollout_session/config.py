@@ -12,11 +12,14 @@ from types import MappingProxyType
 from typing import Any
 
 from .placement import PLACEMENTS
+from .segments import OnDivergence, PromptMode
 from .worker_urls import WorkerHosts, worker_url
 
 __all__ = ["KNOWN_ROLES", "Settings"]
 
 # Roles a request may carry. "developer" is OpenAI's newer name for system.
+ON_DIVERGENCE = tuple(p.value for p in OnDivergence)
+PROMPT_MODES = tuple(m.value for m in PromptMode)
 KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # --max-answer-mb's default: far above any chat answer without routed
 # experts; with them an answer carries ~5 bytes per layer and expert slot for
@@ -40,9 +43,17 @@ class Settings:
     chat_template: str | None = None
     # Defaults merged under each request's own `chat_template_kwargs`.
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    # Roles an agent may append after the assistant's last answer.
+    # Roles an agent may append after the assistant's last answer (system and
+    # developer join when the start-up template check finds them rendered in
+    # place exactly).
     append_roles: frozenset[str] = frozenset({"tool", "user"})
+    # A request that does not extend the session (segments.OnDivergence):
+    # segment, rollback or error.
+    on_divergence: str = "segment"
+    # Turns --on-divergence rollback may drop.
     max_rollback_turns: int = 1
+    # How later turns' prompts are built (segments.PromptMode): tito or render.
+    prompt_mode: str = "tito"
     # Model context in tokens; None = the worker's `max_model_len` if it reports one.
     context_length: int | None = None
     upstream_timeout_s: float = 600.0
@@ -176,6 +187,10 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_rollback_turns < 0:
             raise ValueError("max_rollback_turns must be >= 0")
+        if self.on_divergence not in ON_DIVERGENCE:
+            raise ValueError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}")
+        if self.prompt_mode not in PROMPT_MODES:
+            raise ValueError(f"prompt_mode must be one of {', '.join(PROMPT_MODES)}")
         for name in ("offload_threshold_kb", "parse_processes", "process_threshold_kb"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

@@ -213,12 +213,27 @@ class Journal:
         self._enqueue(session.id, fmt.encode(records.create_meta(session)), "create")
         self._sessions[session.id] = session
 
-    def turn(self, session: Session, experts: tuple[bytes, int] | None = None) -> None:
+    def turn(
+        self,
+        session: Session,
+        experts: tuple[bytes, int] | None = None,
+        *,
+        new_segment: bool = False,
+        rolled_back: bool = False,
+    ) -> None:
         """Record the turn `commit_turn` just applied, as a delta: O(new tokens).
-        `experts` is what was passed to it (None when no routed experts)."""
+        `experts` is what was passed to it (None when no routed experts);
+        `new_segment` / `rolled_back`: whether it started a segment or
+        replaced turns."""
         self._known(session)
-        parts = records.turn_parts(session, experts[0] if experts else None)
-        self._enqueue(session.id, parts, "turn", session.trajectory.turns[-1].index)
+        parts = records.turn_parts(
+            session,
+            experts[0] if experts else None,
+            new_segment=new_segment,
+            rolled_back=rolled_back,
+        )
+        kind = "segment" if new_segment else "turn"
+        self._enqueue(session.id, parts, kind, session.trajectory.turns[-1].index)
 
     def expire(self, session: Session) -> None:
         """The server closed the session; replay restores it as expired."""
@@ -453,7 +468,9 @@ class Journal:
         if kind in ("create", "snapshot"):
             self._dead_bytes += live.pop(session_id, 0)  # a snapshot supersedes them
             self._turn_bytes[session_id] = TurnBytes(turns)
-        elif kind == "turn":
+        elif kind in ("turn", "segment"):
+            if kind == "segment":  # the earlier segments' turn records stay live
+                self._turn_bytes[session_id] = TurnBytes()
             superseded = self._turn_bytes.setdefault(session_id, TurnBytes()).turn(turns, size)
             self._dead_bytes += superseded
             size -= superseded

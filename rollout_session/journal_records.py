@@ -14,8 +14,10 @@ record of every segment, belongs to `journal_format`):
   kept, i.e. the rollback point), ``mf`` messages kept, ``msgs`` messages
   appended after them, ``tools`` (only when ``index == 0``), ``kw`` the
   chat-template kwargs the prompt was rendered with, ``model``, ``worker``,
-  ``w`` experts width or null, ``ex`` whether experts were given; blobs:
-  prompt ids (mask 0), sampled ids, sampled logprobs[, experts].
+  ``w`` experts width or null, ``ex`` whether experts were given; ``seg``
+  the new segment's branch when the turn starts one (the current segment is
+  sealed first), ``rb`` the rollback when it replaces turns; blobs: prompt
+  ids (mask 0), sampled ids, sampled logprobs[, experts].
 - ``expire`` ``cl`` closed_at, ``worker``; replay restores it as ``expired``.
   Also written when a DELETE begins collecting an open session (``why``
   ``"close"``, ``worker`` null): a close in progress at a crash comes back
@@ -27,14 +29,16 @@ record of every segment, belongs to `journal_format`):
   ``collect`` existed used it for collections too.)
 - ``snapshot`` a session's full state (create fields + ``st`` state, ``open``,
   ``expired`` (a closing session is snapshotted expired and unpinned) or
-  ``closed``, ``cl``, ``tools``, ``kw``, ``model``, ``worker``, ``msgs``,
-  ``turns``, ``w``); blobs: all ids, all logprobs, all experts. A snapshot
+  ``closed``, ``cl``, ``model``, ``worker``, ``rbs`` its rollbacks, ``segs``
+  its segments, oldest first, each ``tools``, ``kw``, ``msgs``, ``turns``,
+  ``w``, ``br``); blobs: per segment all ids, all logprobs, all experts. A snapshot
   replaces whatever earlier records said of its session: compaction writes
   one per session into a new segment, and a journal recovering from a failed
   write appends one per session whose records were lost.
 
 Bytes a later record supersedes — a collected-and-forgotten session's, the
-turns a rollback drops, everything before a snapshot — are dead: compaction
+turns a rollback drops, everything before a snapshot — are dead (a new
+segment supersedes nothing: its earlier segments stay): compaction
 reclaims them (`TurnBytes` counts the turns').
 """
 
@@ -49,8 +53,9 @@ import numpy as np
 
 from .journal_format import JournalError, Parts, encode
 from .journal_reader import Damage, Record
+from .segments import Branch, Rollback, Segment
 from .sessions import Session, SessionState
-from .trajectory import Turn
+from .trajectory import Trajectory, Turn
 
 __all__ = ["Replay", "TurnBytes", "create_meta", "snapshot_parts", "turn_parts"]
 
@@ -81,9 +86,13 @@ def _le(array: Any, dtype: str) -> bytes:
     return np.asarray(array).astype(dtype, copy=False).tobytes()
 
 
-def turn_parts(session: Session, experts: bytes | None) -> Parts:
+def turn_parts(
+    session: Session, experts: bytes | None, *, new_segment: bool, rolled_back: bool
+) -> Parts:
     """The session's last committed turn as a delta, read back from the state
-    it left (so replay reproduces exactly what is in memory)."""
+    it left (so replay reproduces exactly what is in memory): whether it
+    started a segment (`session.branch`) or replaced turns (the last of
+    `session.rollbacks`) is the commit's to say."""
     trajectory = session.trajectory
     turn = trajectory.turns[-1]
     keep = turn.index
@@ -103,6 +112,10 @@ def turn_parts(session: Session, experts: bytes | None) -> Parts:
     }
     if keep == 0:
         meta["tools"] = session.tools
+    if new_segment and session.branch is not None:
+        meta["seg"] = session.branch.as_dict()
+    if rolled_back:
+        meta["rb"] = session.rollbacks[-1].as_dict()
     # Views of the turn's own chunk: O(turn), not O(history).
     blobs = [
         _le(tokens.ids_between(turn.prompt_start, turn.completion_start), "<i4"),
@@ -114,29 +127,41 @@ def turn_parts(session: Session, experts: bytes | None) -> Parts:
     return encode(meta, blobs)
 
 
+def _segment_meta(segment: Segment) -> dict[str, Any]:
+    trajectory = segment.trajectory
+    return {
+        "tools": segment.tools,
+        "kw": segment.template_kwargs,
+        "msgs": segment.conversation.messages(),
+        "turns": [_turn_dict(t) for t in trajectory.turns],
+        "w": trajectory.experts_width,
+        "br": segment.branch.as_dict() if segment.branch is not None else None,
+    }
+
+
 def snapshot_parts(session: Session) -> Parts:
-    trajectory = session.trajectory
     meta = create_meta(session)
     # A closing session is expired and unpinned on disk, as its `expire`
     # record says (see above); every other state is stored as it is.
     closing = session.state is SessionState.CLOSING
+    segments = session.segments()
     meta.update(
         t="snapshot",
         st=SessionState.EXPIRED.value if closing else session.state.value,
         cl=session.closed_at,
-        tools=session.tools,
-        kw=session.template_kwargs,
         model=session.model,
         worker=None if closing else session.worker,
-        msgs=session.messages,
-        turns=[_turn_dict(t) for t in trajectory.turns],
-        w=trajectory.experts_width,
+        rbs=[r.as_dict() for r in session.rollbacks],
+        segs=[_segment_meta(s) for s in segments],
     )
-    blobs = [
-        _le(trajectory.tokens.ids, "<i4"),
-        _le(trajectory.tokens.logprobs, "<f4"),
-        bytes(trajectory.experts),
-    ]
+    blobs = []
+    for segment in segments:
+        trajectory = segment.trajectory
+        blobs += [
+            _le(trajectory.tokens.ids, "<i4"),
+            _le(trajectory.tokens.logprobs, "<f4"),
+            bytes(trajectory.experts),
+        ]
     return encode(meta, blobs)
 
 
@@ -201,6 +226,8 @@ class Replay:
         if kind == "turn":
             turn = meta.get("turn")
             index = turn.get("index") if isinstance(turn, dict) else None
+            if "seg" in meta:  # the earlier segments' records stay live
+                self.turn_bytes[sid] = TurnBytes()
             if isinstance(index, int):
                 dead = self.turn_bytes.setdefault(sid, TurnBytes()).turn(index, record.size)
                 self.dead_bytes += dead
@@ -259,7 +286,9 @@ class Replay:
 
     def finish(self) -> list[Session]:
         for sid, session in list(self.sessions.items()):
-            problem = session.trajectory.check()
+            problem = next(
+                (p for s in session.segments() if (p := s.trajectory.check()) is not None), None
+            )
             if problem is not None:
                 logger.error("journal: dropping session %s: %s", sid, problem)
                 del self.sessions[sid]
@@ -286,9 +315,15 @@ class Replay:
 
 
 def _apply_turn(session: Session, meta: dict[str, Any], blobs: list[memoryview]) -> None:
-    trajectory = session.trajectory
     turn = Turn(**meta["turn"])
     keep = turn.index
+    if meta.get("seg") is not None:
+        if keep != 0 or not session.trajectory.turns:
+            raise ValueError("a new segment must start with turn 0 after a turn")
+        session.start_segment(Branch.of(meta["seg"]))
+    if meta.get("rb") is not None:
+        session.rollbacks.append(Rollback.of(meta["rb"]))
+    trajectory = session.trajectory
     prompt = np.frombuffer(blobs[0], "<i4")
     sampled = np.frombuffer(blobs[1], "<i4")
     logprobs = np.frombuffer(blobs[2], "<f4")
@@ -330,6 +365,29 @@ def _apply_turn(session: Session, meta: dict[str, Any], blobs: list[memoryview])
 
 
 def _apply_snapshot(session: Session, meta: dict[str, Any], blobs: list[memoryview]) -> None:
+    # Journals written before segments: the session's one segment at the top.
+    raw_segments = meta.get("segs") or [{**meta, "br": None}]
+    if len(blobs) != 3 * len(raw_segments):
+        raise ValueError("snapshot segments do not match its blobs")
+    for i, raw in enumerate(raw_segments):
+        if i:
+            session.start_segment(Branch.of(raw["br"]))
+        elif raw["br"] is not None:
+            raise ValueError("a session's first segment has no branch")
+        _restore_trajectory(session.trajectory, raw, blobs[3 * i : 3 * i + 3])
+        session.messages = list(raw["msgs"])
+        session.tools = raw["tools"]
+        session.template_kwargs = raw.get("kw")
+    session.rollbacks = [Rollback.of(r) for r in meta.get("rbs", ())]
+    session.model = meta["model"]
+    session.worker = meta["worker"]
+    session.state = SessionState(meta["st"])
+    session.closed_at = meta["cl"]
+
+
+def _restore_trajectory(
+    trajectory: Trajectory, meta: dict[str, Any], blobs: list[memoryview]
+) -> None:
     ids = np.frombuffer(blobs[0], "<i4")
     logprobs = np.frombuffer(blobs[1], "<f4")
     turns = [Turn(**t) for t in meta["turns"]]
@@ -338,7 +396,6 @@ def _apply_snapshot(session: Session, meta: dict[str, Any], blobs: list[memoryvi
         raise ValueError("snapshot arrays do not match its turns")
     if width is not None and not turns:
         raise ValueError("snapshot has routed experts but no turns")
-    trajectory = session.trajectory
     for i, turn in enumerate(turns):
         last = i == len(turns) - 1
         # Turns go through the one commit path; the experts blob (whole) rides
@@ -352,10 +409,3 @@ def _apply_snapshot(session: Session, meta: dict[str, Any], blobs: list[memoryvi
             experts=bytes(blobs[2]) if last and width is not None else None,
             experts_width=width if last else None,
         )
-    session.messages = list(meta["msgs"])
-    session.tools = meta["tools"]
-    session.template_kwargs = meta.get("kw")
-    session.model = meta["model"]
-    session.worker = meta["worker"]
-    session.state = SessionState(meta["st"])
-    session.closed_at = meta["cl"]

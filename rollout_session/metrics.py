@@ -120,7 +120,15 @@ class Metrics:
         )
         self.rollbacks = Counter(
             "rollout_rollbacks",
-            "Requests that dropped committed turns (and their sampled tokens), by reason",
+            "Turns replaced in place (a retry, a bounded rollback): their sampled "
+            "tokens left the trajectory, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.segments = Counter(
+            "rollout_segments",
+            "New segments started by a request that did not extend its session's "
+            "current one, by reason",
             ["reason"],
             registry=r,
         )

@@ -18,9 +18,9 @@ from quart_trio import QuartTrio
 from .auth import SessionKeys
 from .context import ServerContext
 from .errors import InvalidRequest, JournalUnavailable
-from .export import ExportStatus, export_document, parse_include, sample_view, serialize
+from .export import VIEWS, ExportStatus, parse_include, serialize, view_document
 from .protocol import parse_json_object
-from .sessions import SessionState
+from .sessions import Session, SessionState
 
 __all__ = ["register_routes"]
 
@@ -74,6 +74,14 @@ _STATUS: dict[SessionState, ExportStatus] = {
 }
 
 
+def _view_args(args: Any) -> tuple[str, frozenset[str]]:
+    """``?format=`` (document, sample, steps) and ``?include=`` of an export."""
+    view = args.get("format", "document")
+    if view not in VIEWS:
+        raise InvalidRequest(f"format must be one of {', '.join(VIEWS)}", param="format")
+    return view, parse_include(args.get("include"))
+
+
 def _page_args(args: Any) -> tuple[SessionState | None, int, str | None]:
     state_name = args.get("state")
     try:
@@ -94,6 +102,13 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
 
     def session_key(session_id: str) -> str | None:
         return None if session_keys is None else session_keys.key(session_id)
+
+    async def document(
+        session: Session, status: ExportStatus, view: str, include: frozenset[str]
+    ) -> Response:
+        doc = view_document(session, view, status, include, ctx.ready_tokenizer.decode_pieces)
+        num_tokens = sum(len(s.trajectory) for s in session.segments())
+        return await document_response(ctx, doc, num_tokens)
 
     def journal_state() -> str:
         if store.journal is None:
@@ -155,26 +170,17 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
 
     @app.get("/sessions/<session_id>/trajectory")
     async def get_trajectory(session_id: str) -> Response:
+        view, include = _view_args(request.args)
         session = registry.get(session_id)
-        view = request.args.get("format", "document")
-        if view == "sample":
-            doc = sample_view(session)
-        elif view == "document":
-            status = _STATUS.get(session.state, "open")
-            include = parse_include(request.args.get("include"))
-            doc = export_document(session, status, include, ctx.ready_tokenizer.decode_pieces)
-        else:
-            raise InvalidRequest("format must be 'document' or 'sample'", param="format")
-        return await document_response(ctx, doc, len(session.trajectory))
+        return await document(session, _STATUS.get(session.state, "open"), view, include)
 
     @app.delete("/sessions/<session_id>")
     async def close_session(session_id: str) -> Response:
-        include = parse_include(request.args.get("include"))
+        view, include = _view_args(request.args)
         # Runs to the end even if this request is cancelled; only the answer
         # is lost, and a repeated DELETE gets the same document.
         session = await store.close(session_id)
-        doc = export_document(session, "closed", include, ctx.ready_tokenizer.decode_pieces)
-        return await document_response(ctx, doc, len(session.trajectory))
+        return await document(session, "closed", view, include)
 
     @app.get("/sessions/<session_id>/v1/models")
     async def list_models(session_id: str) -> Response:

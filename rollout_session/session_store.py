@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import trio
 
 from .config import Settings
-from .conversation import Conversation
 from .errors import JournalUnavailable
 from .journal_format import JournalError
+from .segments import Segment
 from .sessions import Session, SessionRegistry, SessionState, TurnSlot
 from .trajectory import Checkpoint, Turn
 from .turn_commit import TurnPlan, commit_turn
@@ -53,26 +53,31 @@ class _Undo(NamedTuple):
     taken before every journaled commit.)"""
 
     trajectory: Checkpoint
-    conversation: Conversation
-    tools: list[Any] | None
-    template_kwargs: dict[str, Any] | None
+    current: Segment  # the current segment's fields (a view, nothing copied)
+    sealed: int  # segments sealed before the commit
+    rollbacks: int  # rollbacks recorded before the commit
     model: str | None
 
     @classmethod
     def of(cls, session: Session, keep_turns: int) -> _Undo:
+        """Before a commit keeping `keep_turns` turns of the current segment
+        (all of them when the commit starts a new segment)."""
         return cls(
             session.trajectory.checkpoint(keep_turns),
-            session.conversation,
-            session.tools,
-            session.template_kwargs,
+            session.current,
+            len(session.earlier),
+            len(session.rollbacks),
             session.model,
         )
 
     def apply(self, session: Session) -> None:
+        if len(session.earlier) > self.sealed:
+            session.reopen_segment(session.earlier[-1])
         session.trajectory.undo(self.trajectory)
-        session.conversation = self.conversation
-        session.tools = self.tools
-        session.template_kwargs = self.template_kwargs
+        session.conversation = self.current.conversation
+        session.tools = self.current.tools
+        session.template_kwargs = self.current.template_kwargs
+        del session.rollbacks[self.rollbacks :]
         session.model = self.model
 
 
@@ -227,9 +232,16 @@ class SessionStore:
         journal = self.journal
         if journal is None:
             return commit_turn(session, slot, plan, answer, reply, self.clock(), experts)
-        undo = _Undo.of(session, plan.keep_turns)
+        # A new segment leaves the current one whole.
+        keep = len(session.trajectory.turns) if plan.branch is not None else plan.keep_turns
+        undo = _Undo.of(session, keep)
         turn = commit_turn(session, slot, plan, answer, reply, self.clock(), experts)
-        journal.turn(session, experts)
+        journal.turn(
+            session,
+            experts,
+            new_segment=plan.branch is not None,
+            rolled_back=plan.branch is None and plan.rollback is not None,
+        )
         try:
             with trio.CancelScope(shield=True):
                 await journal.wait_durable()

@@ -30,6 +30,7 @@ from .errors import (
     TooManySessions,
 )
 from .messages import Message
+from .segments import Branch, Rollback, Segment
 from .trajectory import Trajectory
 
 __all__ = ["Session", "SessionRegistry", "SessionState", "TurnSlot"]
@@ -72,6 +73,8 @@ class Session:
     last_active_at: float
     ttl_s: float | None = None
     state: SessionState = SessionState.OPEN
+    # The current segment (segments.py): its trajectory, conversation, tools
+    # and template kwargs. Turns read and extend only these.
     trajectory: Trajectory = field(default_factory=Trajectory)
     # Stored conversation: the last request's messages + the assistant answer
     # we returned. Turn k's messages end at trajectory.turns[k].messages_end.
@@ -82,6 +85,12 @@ class Session:
     # Chat-template kwargs of the last turn (server defaults merged under the
     # request's own): what the inspector's re-render must use.
     template_kwargs: dict[str, Any] | None = None
+    # Where the current segment branched off (None: the session's first).
+    branch: Branch | None = None
+    # The segments before the current one, oldest first; sealed, never changed.
+    earlier: list[Segment] = field(default_factory=list)
+    # Every commit that replaced turns (a retry, a bounded rollback), in order.
+    rollbacks: list[Rollback] = field(default_factory=list)
     # Base URL of the worker this session is pinned to (None before turn 1).
     worker: str | None = None
     model: str | None = None
@@ -98,6 +107,38 @@ class Session:
     @messages.setter
     def messages(self, messages: list[Message]) -> None:
         self.conversation = Conversation(messages)
+
+    @property
+    def current(self) -> Segment:
+        """The current segment as a `Segment` (a view of this session's fields)."""
+        return Segment(
+            self.trajectory, self.conversation, self.tools, self.template_kwargs, self.branch
+        )
+
+    def segments(self) -> list[Segment]:
+        """Every segment, oldest first, the current one last."""
+        return [*self.earlier, self.current]
+
+    def start_segment(self, branch: Branch) -> None:
+        """Seal the current segment and make an empty one current (its first
+        turn is committed next, in the same synchronous step)."""
+        self.earlier.append(self.current)
+        self.trajectory = Trajectory()
+        self.conversation = Conversation()
+        self.tools = None
+        self.template_kwargs = None
+        self.branch = branch
+
+    def reopen_segment(self, segment: Segment) -> None:
+        """Undo `start_segment`: `segment` (the last sealed) is current again."""
+        if not self.earlier or self.earlier[-1] is not segment:
+            raise ValueError("only the last sealed segment can be reopened")
+        self.earlier.pop()
+        self.trajectory = segment.trajectory
+        self.conversation = segment.conversation
+        self.tools = segment.tools
+        self.template_kwargs = segment.template_kwargs
+        self.branch = segment.branch
 
     def claim(self, now: float) -> TurnSlot:
         """Take the turn slot, or raise why not (closing beats busy)."""
@@ -137,8 +178,12 @@ class Session:
         return {
             "session_id": self.id,
             "state": self.state.value,
-            "num_turns": len(self.trajectory.turns),
-            "num_tokens": len(self.trajectory),
+            # Over every segment; the turns replaced in place are gone.
+            "num_turns": sum(len(s.trajectory.turns) for s in self.earlier)
+            + len(self.trajectory.turns),
+            "num_tokens": sum(len(s.trajectory) for s in self.earlier) + len(self.trajectory),
+            "num_segments": len(self.earlier) + 1,
+            "num_rollbacks": len(self.rollbacks),
             "worker": self.worker,
             "created_at": self.created_at,
             "last_active_at": self.last_active_at,

@@ -1,54 +1,42 @@
 """What a turn commits: the plan `plan_turn` makes, and applying it.
 
-`commit_turn` is the one place a turn changes a session in memory: rollback
-(if the plan keeps fewer turns), the prompt delta, the sampled ids, the new
-messages. It is plain synchronous code; the session store calls it between
+`commit_turn` is the one place a turn changes a session in memory: a new
+segment or a rollback (if the plan says so), the prompt delta, the sampled
+ids, the new messages. It is plain synchronous code; the session store calls it between
 checking that the journal can record the turn and recording it
 (`SessionStore.commit`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import InvariantViolated, SessionClosing
 from .messages import Message, assistant_message
+from .segments import Branch, Rollback
 from .sessions import Session, SessionState, TurnSlot
 from .trajectory import IdArray, Turn
 from .upstream import UpstreamReply
 from .validation import WorkerAnswer
 
-__all__ = ["Rollback", "TurnPlan", "commit_turn"]
-
-
-@dataclass(frozen=True, slots=True)
-class Rollback:
-    """Why a turn drops committed turns (their sampled tokens leave the
-    trajectory): logged and counted when the turn commits."""
-
-    # retry: the previous request again (its answer never reached the agent);
-    # tools_changed: other tools than the session's; answer_dropped: the
-    # history stops matching at one of the session's answers (an agent that
-    # drops or rewrites what the model said); history_edited: at any other
-    # message.
-    reason: str
-    dropped_turns: int
-    at_message: int  # the first message that differs from the stored history
+__all__ = ["TurnPlan", "commit_turn"]
 
 
 @dataclass(slots=True)
 class TurnPlan:
     """What a turn will commit if the worker answers well."""
 
-    keep_turns: int  # turns kept; fewer than the session has = rollback
+    keep_turns: int  # turns of the current segment kept; fewer than it has = rollback
     messages: list[Message]  # the request's messages (history for the next turn)
     tools: list[Any] | None
     kwargs: dict[str, Any]  # chat-template kwargs the prompt was rendered with
     prompt_ids: list[int]  # appended with mask 0 before the sampled ids
     input_ids: IdArray  # everything the worker is sent
     experts_start: int = 0  # positions whose routed experts are already stored
-    rollback: Rollback | None = None  # set exactly when keep_turns < the session's turns
+    rollback: Rollback | None = None  # set exactly when keep_turns < the segment's turns
+    # Set when the turn starts a new segment (keep_turns is then 0 of it).
+    branch: Branch | None = None
 
 
 def commit_turn(
@@ -60,9 +48,14 @@ def commit_turn(
     now: float,
     experts: tuple[bytes, int] | None = None,
 ) -> Turn:
-    """Apply the plan: rollback (if any), prompt delta, sampled ids, history."""
+    """Apply the plan: new segment or rollback (if any), prompt delta, sampled
+    ids, history."""
     if session.state is not SessionState.OPEN or session.slot is not slot:
         raise SessionClosing(f"session {session.id} was closed during the turn")
+    if plan.branch is not None:
+        session.start_segment(plan.branch)
+    elif plan.rollback is not None:
+        session.rollbacks.append(replace(plan.rollback, created_at=now))
     trajectory = session.trajectory
     # Messages up to the kept turn keep the form first stored (equal to the
     # request's under the comparison rules); the journal records only the rest.

@@ -3,8 +3,8 @@
 claim → parse → plan the prompt → forward to the worker → validate →
 commit → answer, with the slot released on every path. Planning reads the
 session, committing mutates it; both are synchronous, and the session's slot
-guarantees no other turn runs in between. A rollback decided while planning
-is only applied by the commit, so a failed turn never loses history. The
+guarantees no other turn runs in between. A rollback or new segment decided
+while planning is only applied by the commit, so a failed turn never loses history. The
 claim and the commit go through the session store, which refuses them when
 the journal could not record the turn.
 """
@@ -30,11 +30,12 @@ from .lifecycle import PauseGate
 from .metrics import Metrics
 from .offload import Offload
 from .protocol import ChatRequest, StreamMode, parse_chat_request
+from .segments import Branch, Rollback
 from .served_model import ServedModel
 from .session_store import SessionStore
 from .sessions import Session, TurnSlot
 from .tokenization import ChatTokenizer
-from .turn_commit import Rollback, TurnPlan
+from .turn_commit import TurnPlan
 from .turn_limits import check_prompt_floor, completion_budget
 from .turn_plan import TurnPolicy, plan_turn
 from .upstream import UpstreamReply
@@ -209,7 +210,9 @@ class TurnRunner:
         self.pool.report_success(reply.worker)
         # Returns once the turn is durable; the agent hears of it only then.
         await self.store.commit(session, slot, plan, answer, reply, experts)
-        if plan.rollback is not None:
+        if plan.branch is not None:
+            self._report_segment(session, plan.branch)
+        elif plan.rollback is not None:
             self._report_rollback(session, plan.rollback)
         self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
         self.metrics.tokens.labels("sampled").inc(len(answer.ids))
@@ -217,12 +220,25 @@ class TurnRunner:
 
     def _report_rollback(self, session: Session, rollback: Rollback) -> None:
         # Never silent: the dropped turns' sampled tokens left the trajectory.
-        self.metrics.rollbacks.labels(rollback.reason).inc()
+        self.metrics.rollbacks.labels(rollback.reason.value).inc()
         logger.info(
-            "session %s: rollback (%s): %d turn(s) dropped; the request differs from "
-            "the stored history at message %d",
+            "session %s: rollback (%s): %d turn(s) of segment %d dropped; the request "
+            "differs from the stored history at message %d",
             session.id,
-            rollback.reason,
+            rollback.reason.value,
             rollback.dropped_turns,
-            rollback.at_message,
+            rollback.segment,
+            rollback.message,
+        )
+
+    def _report_segment(self, session: Session, branch: Branch) -> None:
+        self.metrics.segments.labels(branch.reason.value).inc()
+        logger.info(
+            "session %s: new segment %d (%s): the request differs from segment %d's "
+            "history at message %d",
+            session.id,
+            len(session.earlier),
+            branch.reason.value,
+            branch.segment,
+            branch.message,
         )

@@ -51,6 +51,7 @@ __all__ = [
     "Outcome",
     "check_template",
     "format_report",
+    "in_place_roles",
     "junction_problem",
     "run_case",
     "startup_problems",
@@ -347,6 +348,15 @@ def startup_problems(results: Sequence[CaseResult], append_roles: Collection[str
             fix = f" (drop {r.role} from --append-roles)" if r.role else ""
             problems.append(f"{r.name}: {r.detail}{fix}")
     return problems
+
+
+def in_place_roles(results: Sequence[CaseResult]) -> frozenset[str]:
+    """Appended roles whose every case the template renders in place exactly:
+    a session goes on through such a message instead of starting a segment."""
+    roles = {r.role for r in results if r.role is not None}
+    return frozenset(
+        role for role in roles if all(r.outcome is Outcome.EXACT for r in results if r.role == role)
+    )
 
 
 def format_report(results: Sequence[CaseResult]) -> str:

@@ -35,7 +35,9 @@ async def rollout(client: SessionClient, n: int) -> dict[str, dict[str, Any]]:
         await trio.to_thread.run_sync(one_agent_turn, handle.base_url)
         # Either the handle `create` returned or its id names the session.
         session = handle if i % 2 else handle.session_id
-        assert (await client.trajectory(session, sample=True))["response_length"] > 0
+        assert (await client.trajectory(session, view="sample"))["samples"][0][
+            "response_length"
+        ] > 0
         docs[handle.session_id] = await client.close(session)
     return docs
 

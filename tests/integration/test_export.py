@@ -33,7 +33,11 @@ async def test_include_selects_optional_parts(
     params = {} if include is None else {"include": include}
     doc = (await stack.client.get(f"/sessions/{session_id}/trajectory", params=params)).json()
     assert {"turns", "messages", "routed_experts"} & set(doc) == present
-    assert doc["schema_version"] == 1 and len(doc["token_ids"]) == len(doc["logprobs"])
+    assert doc["schema_version"] == 2 and len(doc["token_ids"]) == len(doc["logprobs"])
+    # One segment: the v1 top-level fields are that segment's.
+    (segment,) = doc["segments"]
+    assert segment == {"index": 0, "branch": None, **{k: doc[k] for k in segment if k in doc}}
+    assert {"turns", "messages", "routed_experts"} & set(segment) == present
 
 
 async def test_unknown_include_part_and_format_are_400(stack: Stack) -> None:
@@ -55,7 +59,9 @@ def expected_sample(doc: dict[str, Any], status: str) -> dict[str, Any]:
             mask[i] = 1
             logprobs[i] = doc["logprobs"][i]
     return {
-        "session_id": doc["session_id"],
+        "episode_id": doc["session_id"],
+        "segment": 0,
+        "branch": None,
         "tokens": doc["token_ids"],
         "response_length": len(doc["token_ids"]) - start,
         "loss_mask": mask[start:],
@@ -66,8 +72,12 @@ def expected_sample(doc: dict[str, Any], status: str) -> dict[str, Any]:
 
 
 async def sample_of(stack: Stack, session_id: str) -> dict[str, Any]:
+    """The session's only sample."""
     url = f"/sessions/{session_id}/trajectory"
-    sample: dict[str, Any] = (await stack.client.get(url, params={"format": "sample"})).json()
+    view = (await stack.client.get(url, params={"format": "sample"})).json()
+    assert (view["schema_version"], view["session_id"]) == (2, session_id)
+    (sample,) = view["samples"]
+    assert isinstance(sample, dict)
     return sample
 
 

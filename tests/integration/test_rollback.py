@@ -1,4 +1,5 @@
-"""History matching and rollback (docs/api.md#history-rules), end to end."""
+"""History matching, retries and --on-divergence rollback (docs/api.md#history-rules),
+end to end. Segments, the default for other divergences, are test_segments.py's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ import pytest
 
 from ..conftest import TOOLS, Stack, StackFactory
 from .test_turns import check_document, echo, run_tool_episode
+
+
+@pytest.fixture
+async def rollback_stack(make_stack: StackFactory) -> Stack:
+    return await make_stack(on_divergence="rollback")
 
 
 async def test_retry_of_last_turn_rolls_back_one_turn(stack: Stack) -> None:
@@ -30,7 +36,8 @@ async def test_retry_of_last_turn_rolls_back_one_turn(stack: Stack) -> None:
     assert after["turns"][1]["completion_start"] == before["turns"][1]["completion_start"]
 
 
-async def test_agent_that_edits_last_tool_result_rolls_back(stack: Stack) -> None:
+async def test_agent_that_edits_last_tool_result_rolls_back(rollback_stack: Stack) -> None:
+    stack = rollback_stack
     session_id = await stack.create()
     messages, _ = await run_tool_episode(stack, session_id, turns=2)
     edited = [*messages[:-2], {**messages[-2], "content": "a different tool result"}]
@@ -39,7 +46,10 @@ async def test_agent_that_edits_last_tool_result_rolls_back(stack: Stack) -> Non
     assert len((await stack.trajectory(session_id))["turns"]) == 2
 
 
-async def test_divergence_deeper_than_limit_is_400_and_keeps_history(stack: Stack) -> None:
+async def test_divergence_deeper_than_limit_is_400_and_keeps_history(
+    rollback_stack: Stack,
+) -> None:
+    stack = rollback_stack
     session_id = await stack.create()
     messages, _ = await run_tool_episode(stack, session_id, turns=3)
     before = await stack.trajectory(session_id)
@@ -50,7 +60,8 @@ async def test_divergence_deeper_than_limit_is_400_and_keeps_history(stack: Stac
     assert await stack.trajectory(session_id) == before
 
 
-async def test_changed_tools_diverge_from_the_first_prompt(stack: Stack) -> None:
+async def test_changed_tools_diverge_from_the_first_prompt(rollback_stack: Stack) -> None:
+    stack = rollback_stack
     session_id = await stack.create()
     messages, _ = await run_tool_episode(stack, session_id, turns=3)
     messages.append({"role": "user", "content": "next"})
@@ -59,8 +70,9 @@ async def test_changed_tools_diverge_from_the_first_prompt(stack: Stack) -> None
     assert response.json()["error"]["code"] == "trajectory_diverged"
 
 
-async def test_first_turn_retry_is_always_allowed(make_stack: StackFactory) -> None:
-    stack = await make_stack(max_rollback_turns=0)
+@pytest.mark.parametrize("policy", ["segment", "rollback", "error"])
+async def test_first_turn_retry_is_always_allowed(make_stack: StackFactory, policy: str) -> None:
+    stack = await make_stack(max_rollback_turns=0, on_divergence=policy)
     session_id = await stack.create()
     messages = [{"role": "user", "content": "first"}]
     first = await stack.chat(session_id, messages=messages, seed=1)
@@ -73,16 +85,20 @@ async def test_first_turn_retry_is_always_allowed(make_stack: StackFactory) -> N
     assert doc["token_ids"][doc["turns"][0]["completion_start"] :] == sampled
 
 
-async def test_no_rollback_allowed_means_last_turn_retry_diverges(
-    make_stack: StackFactory,
-) -> None:
-    stack = await make_stack(max_rollback_turns=0)
+async def test_a_retry_is_allowed_even_where_no_rollback_is(make_stack: StackFactory) -> None:
+    stack = await make_stack(max_rollback_turns=0, on_divergence="rollback")
     session_id = await stack.create()
     messages: list[dict[str, Any]] = [{"role": "user", "content": "first"}]
     first = (await stack.chat(session_id, messages=messages)).json()
     messages += [echo(first["choices"][0]["message"]), {"role": "user", "content": "second"}]
     assert (await stack.chat(session_id, messages=messages)).status_code == 200
-    response = await stack.chat(session_id, messages=messages)
+    retry = await stack.chat(session_id, messages=messages)
+    assert retry.status_code == 200, retry.text
+    doc = await stack.trajectory(session_id)
+    assert [r["reason"] for r in doc["rollbacks"]] == ["retry"]
+    # Anything else that would drop a turn is refused.
+    edited = [*messages[:-1], {"role": "user", "content": "edited"}]
+    response = await stack.chat(session_id, messages=edited)
     assert response.json()["error"]["code"] == "trajectory_diverged"
 
 
@@ -141,8 +157,9 @@ def after_one_answer(answer: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     ids=["retry", "answer_dropped", "history_edited", "tools_changed"],
 )
 async def test_every_rollback_is_logged_and_counted_by_reason(
-    stack: Stack, caplog: pytest.LogCaptureFixture, reason: str, at_message: int
+    rollback_stack: Stack, caplog: pytest.LogCaptureFixture, reason: str, at_message: int
 ) -> None:
+    stack = rollback_stack
     session_id = await stack.create()
     first = await stack.chat(session_id, messages=[USER_1], tools=TOOLS)
     assert first.status_code == 200, first.text
@@ -155,10 +172,15 @@ async def test_every_rollback_is_logged_and_counted_by_reason(
     assert second.status_code == 200, second.text
     assert counter._value.get() == 1
     expected = (
-        f"session {session_id}: rollback ({reason}): 1 turn(s) dropped; the request differs "
-        f"from the stored history at message {at_message}"
+        f"session {session_id}: rollback ({reason}): 1 turn(s) of segment 0 dropped; the "
+        f"request differs from the stored history at message {at_message}"
     )
     assert expected in caplog.messages
+    doc = await stack.trajectory(session_id)
+    assert doc["num_segments"] == 1
+    assert [
+        (r["reason"], r["turn"], r["dropped_turns"], r["message"]) for r in doc["rollbacks"]
+    ] == [(reason, 0, 1, at_message)]
 
 
 async def test_an_extension_is_no_rollback(stack: Stack) -> None:
@@ -166,3 +188,6 @@ async def test_an_extension_is_no_rollback(stack: Stack) -> None:
     await run_tool_episode(stack, session_id, turns=3)
     for reason in ("retry", "answer_dropped", "history_edited", "tools_changed"):
         assert stack.ctx.metrics.rollbacks.labels(reason)._value.get() == 0
+        assert stack.ctx.metrics.segments.labels(reason)._value.get() == 0
+    doc = await stack.trajectory(session_id)
+    assert (doc["num_segments"], doc["rollbacks"]) == (1, [])
