@@ -1,0 +1,305 @@
+"""What every framework test shares: the real server as a user starts it,
+a recorder of the model calls a framework made, and the check that every
+sampled token of every call is in the export.
+
+The server is `rollout-session serve --demo` in a subprocess on port 0; the
+URL is read from the line it prints once it listens. The recorder is an
+httpx / httpx2 response hook on the framework's own HTTP client: it sees
+each chat completion exactly as the framework received it, including the
+sampled token ids and logprobs SGLang's `meta_info` carries
+(`output_token_logprobs`), so the check compares ids, not just counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+__all__ = [
+    "DemoServer",
+    "Episode",
+    "ModelCall",
+    "Recorder",
+    "check_episode",
+    "demo_server",
+    "dump",
+]
+
+_LISTENING = re.compile(r"rollout-session listening on (http://\S+)")
+# Start-up loads the tokenizer and checks the template: seconds, not minutes.
+_START_TIMEOUT_S = 120.0
+_STOP_TIMEOUT_S = 30.0
+
+
+def _serve_command() -> list[str]:
+    """The console script of the environment running the tests (what `pip
+    install` put there), else the same entry point through the interpreter."""
+    script = Path(sys.executable).parent / "rollout-session"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from rollout_session.cli import main; main()"]
+
+
+@dataclass
+class DemoServer:
+    url: str
+    log_path: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def create_session(self, metadata: dict[str, Any] | None = None) -> tuple[str, str]:
+        """A new session: (its id, its OpenAI base URL)."""
+        answer = httpx.post(f"{self.url}/sessions", json={"metadata": metadata or {}})
+        answer.raise_for_status()
+        body = answer.json()
+        return str(body["session_id"]), self.url + str(body["base_url"])
+
+    def close_session(self, session_id: str) -> dict[str, Any]:
+        """The trajectory, as `DELETE /sessions/{id}` returns it."""
+        answer = httpx.delete(f"{self.url}/sessions/{session_id}", timeout=60.0)
+        answer.raise_for_status()
+        doc: dict[str, Any] = answer.json()
+        return doc
+
+
+@contextmanager
+def demo_server(*flags: str) -> Iterator[DemoServer]:
+    """`rollout-session serve --demo --port 0 FLAGS…` until the block ends."""
+    with tempfile.TemporaryDirectory(prefix="rollout-frameworks-") as tmp:
+        log_path = Path(tmp) / "serve.log"
+        with log_path.open("wb") as log:
+            command = [*_serve_command(), "serve", "--demo", "--host", "127.0.0.1", "--port", "0"]
+            process = subprocess.Popen(
+                [*command, *flags],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            try:
+                url = _wait_listening(process, log_path)
+                yield DemoServer(url, log_path)
+            finally:
+                _stop(process)
+
+
+def _wait_listening(process: subprocess.Popen[bytes], log_path: Path) -> str:
+    assert process.stdout is not None
+    # The server prints a handful of lines and then nothing: reading them
+    # line by line ends at the URL, or at EOF if it failed to start.
+    for raw in process.stdout:
+        match = _LISTENING.search(raw.decode(errors="replace"))
+        if match:
+            return match.group(1)
+    process.wait(_START_TIMEOUT_S)
+    raise RuntimeError(
+        f"serve --demo exited ({process.returncode}) before listening:\n"
+        + log_path.read_text(errors="replace")[-4000:]
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+@dataclass
+class ModelCall:
+    """One chat completion a framework received."""
+
+    status: int
+    request: dict[str, Any]
+    response: dict[str, Any] | None
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = self.request.get("messages", [])
+        return messages
+
+    @property
+    def completion_tokens(self) -> int:
+        assert self.response is not None
+        return int(self.response["usage"]["completion_tokens"])
+
+    @property
+    def sampled(self) -> tuple[list[int], list[float]]:
+        """The sampled ids and their logprobs (SGLang's meta_info)."""
+        assert self.response is not None
+        entries = self.response["choices"][0]["meta_info"]["output_token_logprobs"]
+        return [int(e[1]) for e in entries], [float(e[0]) for e in entries]
+
+    def repeats(self, previous: ModelCall) -> bool:
+        """The same request as `previous`: the server replaces that turn (a
+        retry) instead of keeping it."""
+        keys = ("messages", "tools")
+        return all(self.request.get(k) == previous.request.get(k) for k in keys)
+
+
+class _Response(Protocol):
+    """What the recorder reads of an httpx or httpx2 response."""
+
+    status_code: int
+    content: bytes
+
+    @property
+    def request(self) -> Any: ...
+
+
+@dataclass
+class Recorder:
+    """Every chat completion answer the framework's HTTP client received."""
+
+    calls: list[ModelCall] = field(default_factory=list)
+
+    def _record(self, response: _Response) -> None:
+        request = response.request
+        if not str(request.url).endswith("/chat/completions"):
+            return
+        body = json.loads(request.content)
+        try:
+            answer: dict[str, Any] | None = json.loads(response.content)
+        except ValueError:
+            answer = None
+        if response.status_code == 200 and (answer is None or "usage" not in answer):
+            raise AssertionError(
+                f"a 200 answer without usage (stream={body.get('stream')}): "
+                f"{response.content[:200]!r}"
+            )
+        self.calls.append(ModelCall(response.status_code, body, answer))
+
+    def sync_hook(self, response: Any) -> None:
+        response.read()
+        self._record(response)
+
+    async def async_hook(self, response: Any) -> None:
+        await response.aread()
+        self._record(response)
+
+    def take(self) -> list[ModelCall]:
+        """The calls recorded since the last take (one episode's)."""
+        calls, self.calls = self.calls, []
+        return calls
+
+
+@dataclass
+class Episode:
+    """What one episode did and what the export shows, for the report."""
+
+    framework: str
+    calls: int
+    ok_calls: int
+    retries: int
+    turns: int
+    segments: int
+    reasons: Counter[str]
+    rollbacks: Counter[str]
+
+    def line(self) -> str:
+        reasons = ", ".join(f"{r}×{n}" for r, n in sorted(self.reasons.items())) or "-"
+        rollbacks = ", ".join(f"{r}×{n}" for r, n in sorted(self.rollbacks.items())) or "-"
+        return (
+            f"{self.framework}: {self.calls} calls ({self.ok_calls} × 200), "
+            f"{self.turns} turns in {self.segments} segment(s); "
+            f"new segments: {reasons}; rollbacks: {rollbacks}"
+        )
+
+
+# Set by conftest from --frameworks-dump: where each episode's calls and
+# export are written (to read what a framework did).
+DUMP_DIR: list[Path] = []
+
+
+def dump(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -> None:
+    """With --frameworks-dump DIR: the episode's requests, answers and export
+    as DIR/FRAMEWORK-SESSION.json."""
+    if not DUMP_DIR:
+        return
+    record = {
+        "calls": [
+            {"status": c.status, "request": c.request, "response": c.response} for c in calls
+        ],
+        "export": doc,
+    }
+    path = DUMP_DIR[0] / f"{framework}-{doc['session_id']}.json"
+    path.write_text(json.dumps(record, indent=1))
+
+
+def check_episode(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -> Episode:
+    """Every sampled token of every 200 call is in `doc`, in order.
+
+    The export's turns over all segments, in segment order, are exactly the
+    200 calls in the order they were made, less each call that the next one
+    repeated (a retry: the server replaces that turn and records it under
+    `rollbacks` with reason `retry`). Each turn's sampled ids and logprobs
+    are those of its call, with mask 1; the mask-1 tokens of all segments
+    add up to the calls' `usage.completion_tokens`.
+    """
+    assert doc["schema_version"] == 2, doc["schema_version"]
+    ok = [c for c in calls if c.status == 200]
+    replaced = [prev for prev, nxt in itertools.pairwise(ok) if nxt.repeats(prev)]
+    kept = [c for c in ok if not any(c is r for r in replaced)]
+    segments: list[dict[str, Any]] = doc["segments"]
+    assert doc["num_segments"] == len(segments) >= 1
+
+    exported: list[tuple[list[int], list[float], list[int]]] = []
+    for segment in segments:
+        ids, mask, logprobs = segment["token_ids"], segment["loss_mask"], segment["logprobs"]
+        assert len(ids) == len(mask) == len(logprobs), segment["index"]
+        turns = segment["turns"]
+        if turns:
+            assert segment["prompt_length"] == turns[0]["completion_start"]
+        for turn in turns:
+            start, end = turn["completion_start"], turn["completion_end"]
+            exported.append((ids[start:end], logprobs[start:end], mask[start:end]))
+
+    retry_rollbacks = [r for r in doc["rollbacks"] if r["reason"] == "retry"]
+    assert sum(r["dropped_turns"] for r in retry_rollbacks) == len(replaced), (
+        f"{len(replaced)} calls repeated by the next one, export rollbacks: {doc['rollbacks']}"
+    )
+    assert len(exported) == len(kept), (
+        f"{len(kept)} model calls kept, {len(exported)} turns exported "
+        f"({len(ok)} × 200, {len(replaced)} retried)"
+    )
+    for i, (call, (ids, logprobs, mask)) in enumerate(zip(kept, exported, strict=True)):
+        call_ids, call_logprobs = call.sampled
+        assert len(call_ids) == call.completion_tokens, i
+        assert ids == call_ids, f"call {i}: exported ids differ from the sampled ids"
+        assert logprobs == call_logprobs, f"call {i}: exported logprobs differ"
+        assert all(m == 1 for m in mask), f"call {i}: a sampled token with mask 0"
+    mask_ones = sum(sum(s["loss_mask"]) for s in segments)
+    assert mask_ones == sum(c.completion_tokens for c in kept)
+
+    reasons = Counter(s["branch"]["reason"] for s in segments if s["branch"] is not None)
+    return Episode(
+        framework,
+        calls=len(calls),
+        ok_calls=len(ok),
+        retries=len(replaced),
+        turns=len(exported),
+        segments=len(segments),
+        reasons=reasons,
+        rollbacks=Counter(r["reason"] for r in doc["rollbacks"]),
+    )

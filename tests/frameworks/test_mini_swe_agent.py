@@ -1,0 +1,153 @@
+"""mini-swe-agent (through LiteLLM) against `serve --demo`.
+
+What mini-swe-agent does to the history: an answer it cannot parse (no
+tool call for the tool-calling model, no ```mswea_bash_command block for the
+text-based one) is *not* added to its messages; a user message with the
+format error is appended instead, and the model is asked again. So the next
+request drops the model's answer: a new segment (`answer_dropped`) that
+keeps the rejected sample. After `max_consecutive_format_errors` in a row
+the episode ends.
+
+The model's commands are never run: the environment below answers every
+command with a canned observation and submits after a few of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import litellm
+import pytest
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.config import get_config_from_spec
+from minisweagent.exceptions import Submitted
+from minisweagent.models.litellm_model import LitellmModel
+from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
+
+from tests.frameworks.harness import (
+    DemoServer,
+    Episode,
+    Recorder,
+    check_episode,
+    demo_server,
+    dump,
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[DemoServer]:
+    with demo_server("--demo-reasoning", "--chat-template", "qwen3") as running:
+        yield running
+
+
+@pytest.fixture
+def recorder() -> Iterator[Recorder]:
+    """LiteLLM's OpenAI provider takes its HTTP client from
+    `litellm.client_session`: the hook sees every answer LiteLLM received."""
+    recorder = Recorder()
+    with httpx.Client(event_hooks={"response": [recorder.sync_hook]}) as http:
+        before = litellm.client_session
+        litellm.client_session = http
+        try:
+            yield recorder
+        finally:
+            litellm.client_session = before
+            _close_litellm_loop()
+
+
+def _close_litellm_loop() -> None:
+    """A sync `litellm.completion` leaves an event loop of its own set as
+    the thread's current loop, never closed: close it here, or its sockets
+    are reported unclosed in whichever later test collects it."""
+    policy = asyncio.get_event_loop_policy()
+    try:
+        loop = policy.get_event_loop()
+    except RuntimeError:  # none is set (after an earlier test set None)
+        return
+    loop.close()
+    policy.set_event_loop(None)
+
+
+class CannedEnvironment:
+    """An environment that runs nothing: each command gets a listing-like
+    output, and the `submit_after`-th command submits."""
+
+    def __init__(self, submit_after: int) -> None:
+        self.config: dict[str, Any] = {}
+        self.submit_after = submit_after
+        self.commands: list[str] = []
+
+    def execute(self, action: dict[str, Any], cwd: str = "", **_: Any) -> dict[str, Any]:
+        self.commands.append(str(action.get("command", "")))
+        if len(self.commands) >= self.submit_after:
+            raise Submitted(
+                {
+                    "role": "exit",
+                    "content": "diff --git a/x.py b/x.py",
+                    "extra": {"exit_status": "Submitted", "submission": "diff --git a/x.py"},
+                }
+            )
+        output = f"x.py\ny{len(self.commands)}.py\n"
+        return {"output": output, "returncode": 0, "exception_info": ""}
+
+    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+        return {"system": "Linux", "release": "6.1", "version": "#1", "machine": "x86_64", **kwargs}
+
+    def serialize(self) -> dict[str, Any]:
+        return {}
+
+
+# (model class, its config file, commands before the canned submit)
+EPISODES: list[tuple[type[Any], str, int]] = [
+    (LitellmModel, "mini.yaml", 2),
+    (LitellmModel, "mini.yaml", 4),
+    (LitellmTextbasedModel, "default.yaml", 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("model_class", "config", "submit_after"),
+    EPISODES,
+    ids=["toolcall-short", "toolcall-long", "textbased"],
+)
+def test_every_sampled_token_is_exported(
+    server: DemoServer,
+    recorder: Recorder,
+    episodes: list[Episode],
+    model_class: type[Any],
+    config: str,
+    submit_after: int,
+) -> None:
+    session_id, base_url = server.create_session({"framework": "mini-swe-agent"})
+    # The packaged config, as `mini -c CONFIG` reads it: the agent's prompts
+    # and the model's observation and format-error templates.
+    spec: dict[str, Any] = get_config_from_spec(config)
+    model_config = spec.get("model", {})
+    model = model_class(
+        **{
+            **model_config,
+            "model_name": "openai/rollout-session/emulator",
+            "model_kwargs": {
+                **model_config.get("model_kwargs", {}),
+                "api_base": base_url,
+                "api_key": "unused",
+            },
+            "cost_tracking": "ignore_errors",
+        }
+    )
+    environment = CannedEnvironment(submit_after)
+    agent = DefaultAgent(model, environment, **{**spec["agent"], "step_limit": 12})
+    result = agent.run("The function in x.py returns the wrong value.")
+    doc = server.close_session(session_id)
+    calls = recorder.take()
+    dump("mini-swe-agent", calls, doc)
+    assert all(c.status == 200 for c in calls), [c.response for c in calls if c.status != 200]
+    episode = check_episode("mini-swe-agent", calls, doc)
+    episodes.append(episode)
+    assert result["exit_status"] in ("Submitted", "RepeatedFormatError"), result
+    # Every call that came back without a usable action was dropped from the
+    # history: each such answer is the last turn of a segment.
+    assert episode.reasons["answer_dropped"] >= 1, server.log_tail()

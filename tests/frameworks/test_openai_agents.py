@@ -1,0 +1,134 @@
+"""The OpenAI Agents SDK (chat-completions mode) on a reasoning model
+(`--demo-reasoning --chat-template qwen3`) against `serve --demo`.
+
+What the SDK does to the history: it keeps the run as Responses-style items
+and converts them back to chat messages for every call. Reasoning comes back
+as a `reasoning` item that is not re-sent (the assistant message goes back
+without `reasoning_content`); an answer with reasoning and no text or tool
+call converts to no message at all, so the next request leaves it out. A
+handoff switches the system prompt and the tools (a new segment,
+`tools_changed`); with `nest_handoff_history` the history is also collapsed
+into one summary message. A `Session` with `SessionSettings(limit=…)` and a
+`call_model_input_filter` cut old items from the front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    RunConfig,
+    Runner,
+    SQLiteSession,
+    function_tool,
+    set_tracing_disabled,
+)
+from agents.memory import SessionSettings
+from agents.run_config import CallModelData, ModelInputData
+
+from tests.frameworks.harness import (
+    DemoServer,
+    Episode,
+    Recorder,
+    check_episode,
+    demo_server,
+    dump,
+)
+
+MODEL = "rollout-session/emulator"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[DemoServer]:
+    set_tracing_disabled(True)
+    with demo_server("--demo-reasoning", "--chat-template", "qwen3") as running:
+        yield running
+
+
+def _weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def _add(a: int, b: int) -> int:
+    """The sum of two integers."""
+    return a + b
+
+
+get_weather = function_tool(_weather)
+add = function_tool(_add)
+
+
+def _recent_only(data: CallModelData[Any]) -> ModelInputData:
+    """A context budget: the first item and the last two."""
+    items = data.model_data.input
+    kept = items[:1] + items[-2:] if len(items) > 4 else items
+    return ModelInputData(input=kept, instructions=data.model_data.instructions)
+
+
+def _agents(model: OpenAIChatCompletionsModel, kind: str) -> Agent[Any]:
+    if kind.startswith("handoff"):
+        math = Agent(name="math", instructions="You do arithmetic.", tools=[add], model=model)
+        return Agent(name="triage", instructions="You route.", handoffs=[math], model=model)
+    return Agent(name="helper", instructions="You help.", tools=[get_weather, add], model=model)
+
+
+def _run_config(kind: str) -> RunConfig:
+    if kind == "handoff-nested":
+        return RunConfig(nest_handoff_history=True)
+    if kind == "session-limit":
+        return RunConfig(session_settings=SessionSettings(limit=4))
+    if kind == "input-filter":
+        return RunConfig(call_model_input_filter=_recent_only)
+    return RunConfig()
+
+
+async def _episode(base_url: str, recorder: Recorder, kind: str, questions: int) -> None:
+    async with httpx2.AsyncClient(event_hooks={"response": [recorder.async_hook]}) as http:
+        client = openai.AsyncOpenAI(
+            base_url=base_url, api_key="unused", http_client=http, max_retries=0
+        )
+        start = _agents(OpenAIChatCompletionsModel(model=MODEL, openai_client=client), kind)
+        config = _run_config(kind)
+        session = SQLiteSession(f"episode-{kind}") if kind == "session-limit" else None
+        history: list[Any] = []
+        for i in range(questions):
+            question = f"Question {i}: the weather in Paris, and 2 + {i}?"
+            if session is not None:
+                await Runner.run(start, question, session=session, run_config=config)
+                continue
+            result = await Runner.run(
+                start, [*history, {"role": "user", "content": question}], run_config=config
+            )
+            history = result.to_input_list()
+
+
+KINDS = ["multi-run", "handoff", "handoff-nested", "session-limit", "input-filter"]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=KINDS)
+def test_every_sampled_token_is_exported(
+    server: DemoServer, episodes: list[Episode], kind: str
+) -> None:
+    recorder = Recorder()
+    session_id, base_url = server.create_session({"framework": "openai-agents", "kind": kind})
+    asyncio.run(_episode(base_url, recorder, kind, questions=3))
+    doc = server.close_session(session_id)
+    calls = recorder.take()
+    dump("openai-agents", calls, doc)
+    assert all(c.status == 200 for c in calls), [c.response for c in calls if c.status != 200]
+    episode = check_episode(f"openai-agents ({kind})", calls, doc)
+    episodes.append(episode)
+    assert episode.ok_calls >= 6
+    if kind == "multi-run":
+        # Reasoning is not re-sent and is not needed: the runs extend one segment.
+        assert episode.segments == 1, server.log_tail()
+    else:
+        assert episode.segments > 1, server.log_tail()
