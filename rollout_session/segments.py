@@ -62,10 +62,15 @@ class Divergence(enum.Enum):
     RETRY = "retry"
     # Other tools than the segment's (they are part of its first prompt).
     TOOLS_CHANGED = "tools_changed"
-    # The history stops matching at one of the model's answers: the agent
-    # dropped it (an empty or reasoning-only answer, a missing tool call) or
-    # re-wrote it (tool calls re-sent as text).
+    # The history stops matching at one of the model's answers, which the
+    # request leaves out (an empty or reasoning-only answer, one without the
+    # tool call the agent wanted), or the request repeats the previous one
+    # after an answer with neither content nor tool calls (the agent saw it:
+    # nothing in it to keep).
     ANSWER_DROPPED = "answer_dropped"
+    # ... or has another assistant message there (tool calls re-sent as
+    # text, an answer edited or summarised).
+    ANSWER_EDITED = "answer_edited"
     # It stops matching at any other message (edited, compacted, summarised).
     HISTORY_EDITED = "history_edited"
     # The history matches, but an appended message has a role the template

@@ -270,7 +270,14 @@ def _divergence(session: Session, request: ChatRequest, shared: int) -> Divergen
     # The previous request exactly: the stored history without the last
     # answer (not merely a prefix of it: that is an edit).
     if shared == len(request.messages) == len(stored) - 1:
-        return Divergence.RETRY
+        answer = stored.message(shared)
+        # An agent that got nothing usable and asks again saw the answer: it
+        # is kept in its segment rather than replaced.
+        if answer.get("content") or answer.get("tool_calls"):
+            return Divergence.RETRY
+        return Divergence.ANSWER_DROPPED
     if shared < len(stored) and stored.message(shared)["role"] == "assistant":
+        if shared < len(request.messages) and request.messages[shared]["role"] == "assistant":
+            return Divergence.ANSWER_EDITED
         return Divergence.ANSWER_DROPPED
     return Divergence.HISTORY_EDITED
