@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -400,3 +401,26 @@ async def test_prompt_mode_render_with_on_divergence_error_refuses(
         await agent.call([USER_1, echo(answer), {"role": "user", "content": "And?"}])
     assert refused.value.code == "trajectory_diverged"
     assert "renders this request's history differently" in refused.value.message
+
+
+async def test_segments_survive_a_restart_exactly(make_stack: StackFactory, tmp_path: Path) -> None:
+    stack = await make_stack(journal=str(tmp_path), journal_fsync="always")
+    session_id, agent = await episode(stack)
+    messages, answer = await first_answer(agent)
+    await agent.call([*messages, {"role": "user", "content": "Use a tool."}])  # answer_dropped
+    agent.tools = OTHER_TOOLS
+    extended = [*messages, {"role": "user", "content": "Search."}]
+    answer = await agent.call(extended)  # tools_changed
+    await agent.retry(extended, seed=3)
+    before = await stack.trajectory(session_id)
+    assert before["num_segments"] == 3 and len(before["rollbacks"]) == 1
+    await stack.server.aclose()  # the journal is flushed; a new server replays it
+    again = await make_stack(journal=str(tmp_path))
+    assert await again.trajectory(session_id) == before
+    # The restored session goes on in its last segment.
+    agent.client = client(base_url(again, session_id))
+    answer = agent.answers[-1]["choices"][0]["message"]
+    await agent.call([*extended, echo(answer), {"role": "user", "content": "more"}])
+    doc = await again.trajectory(session_id)
+    check_nothing_lost(doc, agent)
+    assert [len(s["turns"]) for s in doc["segments"]] == [1, 1, 2]
