@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -337,3 +338,89 @@ async def test_export_views_cover_every_segment(stack: Stack) -> None:
         await stack.client.delete(f"/sessions/{session_id}", params={"format": "steps"})
     ).json()
     assert (closed["status"], closed["steps"]) == ("closed", steps)
+
+
+async def test_prompt_mode_render_extends_what_renders_the_same(stack_render: Stack) -> None:
+    """ChatML re-renders history as it was sampled: one segment, and every
+    turn's prompt is the template's whole render of the request."""
+    stack = stack_render
+    session_id, agent = await episode(stack)
+    messages, answer = await first_answer(agent)
+    for step in range(2):
+        messages = [*messages, echo(answer), {"role": "user", "content": f"step {step}"}]
+        answer = await agent.call(messages)
+    doc = await stack.trajectory(session_id)
+    check_nothing_lost(doc, agent)
+    assert doc["num_segments"] == 1
+
+
+@pytest.fixture
+async def stack_render(make_stack: StackFactory) -> Stack:
+    return await make_stack(prompt_mode="render")
+
+
+async def test_prompt_mode_render_starts_a_segment_where_the_template_rewrites(
+    make_stack: StackFactory,
+) -> None:
+    """Qwen3 strips earlier <think> blocks: the render of the next request no
+    longer starts with what the model saw, so it starts a segment whose
+    prompt is exactly what the template renders."""
+    stack = await make_stack(
+        template="qwen3", prompt_mode="render", emulator=EmulatorConfig(reasoning=True)
+    )
+    session_id, agent = await episode(stack, tools=None)
+    messages = [USER_1]
+    answer = await agent.call(messages, seed=1)
+    assert answer["reasoning_content"]
+    messages = [*messages, echo(answer), {"role": "user", "content": "And?"}]
+    await agent.call(messages, seed=2)
+    doc = await stack.trajectory(session_id)
+    check_nothing_lost(doc, agent)
+    assert branches(doc) == [
+        None,
+        {"reason": "rendered_differently", "segment": 0, "message": 1},
+    ]
+    # The second prompt is the template's own render of the request.
+    rendered = stack.ctx.turn_runner.tokenizer.first_turn(messages, tools=None, kwargs={})
+    second = doc["segments"][1]
+    assert second["token_ids"][: second["prompt_length"]] == rendered
+
+
+async def test_prompt_mode_render_with_on_divergence_error_refuses(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make_stack(
+        template="qwen3",
+        prompt_mode="render",
+        on_divergence="error",
+        emulator=EmulatorConfig(reasoning=True),
+    )
+    _, agent = await episode(stack, tools=None)
+    answer = await agent.call([USER_1], seed=1)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await agent.call([USER_1, echo(answer), {"role": "user", "content": "And?"}])
+    assert refused.value.code == "trajectory_diverged"
+    assert "renders this request's history differently" in refused.value.message
+
+
+async def test_segments_survive_a_restart_exactly(make_stack: StackFactory, tmp_path: Path) -> None:
+    stack = await make_stack(journal=str(tmp_path), journal_fsync="always")
+    session_id, agent = await episode(stack)
+    messages, answer = await first_answer(agent)
+    await agent.call([*messages, {"role": "user", "content": "Use a tool."}])  # answer_dropped
+    agent.tools = OTHER_TOOLS
+    extended = [*messages, {"role": "user", "content": "Search."}]
+    answer = await agent.call(extended)  # tools_changed
+    await agent.retry(extended, seed=3)
+    before = await stack.trajectory(session_id)
+    assert before["num_segments"] == 3 and len(before["rollbacks"]) == 1
+    await stack.server.aclose()  # the journal is flushed; a new server replays it
+    again = await make_stack(journal=str(tmp_path))
+    assert await again.trajectory(session_id) == before
+    # The restored session goes on in its last segment.
+    agent.client = client(base_url(again, session_id))
+    answer = agent.answers[-1]["choices"][0]["message"]
+    await agent.call([*extended, echo(answer), {"role": "user", "content": "more"}])
+    doc = await again.trajectory(session_id)
+    check_nothing_lost(doc, agent)
+    assert [len(s["turns"]) for s in doc["segments"]] == [1, 1, 2]
