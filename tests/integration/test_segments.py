@@ -424,3 +424,26 @@ async def test_segments_survive_a_restart_exactly(make_stack: StackFactory, tmp_
     doc = await again.trajectory(session_id)
     check_nothing_lost(doc, agent)
     assert [len(s["turns"]) for s in doc["segments"]] == [1, 1, 2]
+
+
+async def test_segments_past_the_cap_are_refused_and_the_session_goes_on(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make_stack(max_segments=2)
+    session_id, agent = await episode(stack)
+    messages, _ = await first_answer(agent)
+    second = [*messages, {"role": "user", "content": "Use a tool."}]
+    answer = await agent.call(second)  # segment 1
+    before = await stack.trajectory(session_id)
+    received = stack.emulator.received
+    with pytest.raises(openai.BadRequestError) as refused:
+        await agent.call([SYSTEM, {"role": "user", "content": "start over"}])
+    assert refused.value.code == "too_many_segments"
+    assert stack.emulator.received == received
+    assert await stack.trajectory(session_id) == before
+    # Its last segment still takes a retry and an extension.
+    answer = await agent.retry(second)
+    await agent.call([*second, echo(answer), {"role": "user", "content": "go on"}])
+    doc = await stack.trajectory(session_id)
+    check_nothing_lost(doc, agent)
+    assert doc["num_segments"] == 2
