@@ -23,6 +23,7 @@ from .protocol import ChatRequest
 from .segments import Branch, Divergence, OnDivergence, PromptMode, Rollback
 from .sessions import Session
 from .tokenization import ChatTokenizer
+from .trajectory import Turn
 from .turn_commit import TurnPlan
 
 __all__ = ["TurnPolicy", "plan_turn"]
@@ -108,7 +109,7 @@ def plan_turn(
     segment = len(session.earlier)
     if reason is Divergence.RETRY:
         keep = len(turns) - 1
-        rollback = Rollback(reason, segment, keep, 1, shared)
+        rollback = Rollback(reason, segment, keep, 1, _sampled_after(turns, keep), shared)
         return _continue(session, request, tokenizer, policy, kwargs, keep, rollback)
     if policy.on_divergence is OnDivergence.SEGMENT:
         return _new_segment(session, request, tokenizer, policy, kwargs, reason, shared)
@@ -138,8 +139,13 @@ def plan_turn(
                 f"{sorted(policy.append_roles)} messages",
                 param="messages",
             )
-    rollback = Rollback(reason, segment, keep, dropped, shared)
+    rollback = Rollback(reason, segment, keep, dropped, _sampled_after(turns, keep), shared)
     return _continue(session, request, tokenizer, policy, kwargs, keep, rollback)
+
+
+def _sampled_after(turns: list[Turn], keep: int) -> int:
+    """Sampled tokens of the turns a rollback keeping `keep` drops."""
+    return sum(t.completion_end - t.completion_start for t in turns[keep:])
 
 
 def _from_scratch(

@@ -79,7 +79,12 @@ def check_nothing_lost(doc: dict[str, Any], agent: Agent) -> None:
         completions += [ids[t["completion_start"] : t["completion_end"]] for t in segment["turns"]]
     kept = [sampled_ids(a) for i, a in enumerate(agent.answers) if i not in agent.replaced]
     assert completions == kept
-    assert sum(sum(s["loss_mask"]) for s in doc["segments"]) == sum(map(len, kept))
+    sampled = sum(sum(s["loss_mask"]) for s in doc["segments"])
+    assert sampled == sum(map(len, kept))
+    # The books balance from the document alone: every answer's tokens are
+    # in a segment or counted as dropped by a rollback.
+    every = sum(a["usage"]["completion_tokens"] for a in agent.answers)
+    assert every == sampled + sum(r["dropped_tokens"] for r in doc["rollbacks"])
     # v1's fields are the last segment's.
     last = doc["segments"][-1]
     assert (doc["token_ids"], doc["turns"]) == (last["token_ids"], last["turns"])
