@@ -8,9 +8,12 @@ holds one Parquet row group at most. ``--state closed`` means sessions the
 server closed by itself (state ``expired``): DELETE'd sessions are already in
 their collector's hands.
 
-Parquet columns: token ids ``list<int32>``, loss mask ``list<int8>``,
-logprobs ``list<float32>``; ``metadata``, ``turns``, ``messages`` and
-``routed_experts`` as JSON strings (they are nested and heterogeneous).
+JSON Lines hold one export document (all segments) per line. Parquet holds
+one row per segment (each a linear sample; ``segment`` and ``num_segments``
+say which): token ids ``list<int32>``, loss mask ``list<int8>``, logprobs
+``list<float32>``; ``metadata``, ``branch``, ``rollbacks``, ``turns``,
+``messages`` and ``routed_experts`` as JSON strings (they are nested and
+heterogeneous).
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from tqdm import tqdm
 __all__ = ["add_arguments", "export_sessions", "parquet_schema", "run"]
 
 _STATES: Final = {"open": "open", "closed": "expired", "all": None}
-_JSON_COLUMNS: Final = ("metadata", "turns", "messages", "routed_experts")
+_JSON_COLUMNS: Final = (
+    "metadata",
+    "branch",
+    "rollbacks",
+    "turns",
+    "messages",
+    "routed_experts",
+)
 
 
 def parquet_schema() -> Any:
@@ -47,6 +57,8 @@ def parquet_schema() -> Any:
             ("created_at", pa.float64()),
             ("closed_at", pa.float64()),
             ("model", pa.string()),
+            ("segment", pa.int32()),
+            ("num_segments", pa.int32()),
             ("prompt_length", pa.int64()),
             ("token_ids", pa.list_(pa.int32())),
             ("loss_mask", pa.list_(pa.int8())),
@@ -90,12 +102,15 @@ def _documents(client: httpx.Client, ids: list[str], close: bool) -> Iterator[di
         yield _ok(response)
 
 
-def _row(doc: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    row = {name: doc.get(name) for name in names}
-    for name in _JSON_COLUMNS:
-        value = doc.get(name)
-        row[name] = None if value is None else orjson.dumps(value).decode()
-    return row
+def _rows(doc: dict[str, Any], names: list[str]) -> Iterator[dict[str, Any]]:
+    """One row per segment: the session's fields, then the segment's own."""
+    for segment in doc["segments"]:
+        fields = {**doc, **segment, "segment": segment["index"]}
+        row = {name: fields.get(name) for name in names}
+        for name in _JSON_COLUMNS:
+            value = fields.get(name)
+            row[name] = None if value is None else orjson.dumps(value).decode()
+        yield row
 
 
 def export_sessions(
@@ -131,9 +146,9 @@ def export_sessions(
             with pq.ParquetWriter(path, schema) as writer:
                 batch: list[dict[str, Any]] = []
                 for doc in docs:
-                    batch.append(_row(doc, schema.names))
+                    batch += _rows(doc, schema.names)
                     written += 1
-                    if len(batch) == _ROW_GROUP:
+                    if len(batch) >= _ROW_GROUP:
                         writer.write_table(pa.Table.from_pylist(batch, schema))
                         batch = []
                 if batch or not written:

@@ -62,10 +62,15 @@ class Divergence(enum.Enum):
     RETRY = "retry"
     # Other tools than the segment's (they are part of its first prompt).
     TOOLS_CHANGED = "tools_changed"
-    # The history stops matching at one of the model's answers: the agent
-    # dropped it (an empty or reasoning-only answer, a missing tool call) or
-    # re-wrote it (tool calls re-sent as text).
+    # The history stops matching at one of the model's answers, which the
+    # request leaves out (an empty or reasoning-only answer, one without the
+    # tool call the agent wanted), or the request repeats the previous one
+    # after an answer with neither content nor tool calls (the agent saw it:
+    # nothing in it to keep).
     ANSWER_DROPPED = "answer_dropped"
+    # ... or has another assistant message there (tool calls re-sent as
+    # text, an answer edited or summarised).
+    ANSWER_EDITED = "answer_edited"
     # It stops matching at any other message (edited, compacted, summarised).
     HISTORY_EDITED = "history_edited"
     # The history matches, but an appended message has a role the template
@@ -103,6 +108,7 @@ class Rollback:
     segment: int  # the segment the turns were dropped from
     turn: int  # index of the first dropped turn (and of the turn replacing them)
     dropped_turns: int
+    dropped_tokens: int  # the sampled tokens of the dropped turns
     message: int  # the first message that differs from the stored history
     created_at: float = 0.0  # set when the turn commits
 
@@ -112,6 +118,7 @@ class Rollback:
             "segment": self.segment,
             "turn": self.turn,
             "dropped_turns": self.dropped_turns,
+            "dropped_tokens": self.dropped_tokens,
             "message": self.message,
             "created_at": self.created_at,
         }
@@ -123,6 +130,7 @@ class Rollback:
             int(raw["segment"]),
             int(raw["turn"]),
             int(raw["dropped_turns"]),
+            int(raw["dropped_tokens"]),
             int(raw["message"]),
             float(raw["created_at"]),
         )

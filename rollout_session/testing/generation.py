@@ -149,6 +149,10 @@ def _context(messages: Sequence[Message]) -> list[Message]:
     return context or [{"role": "user", "content": "."}]
 
 
+# Reasoning markers of the <think> families (Qwen3, DeepSeek-R1, GLM).
+_THINK = ("<think>", "</think>")
+
+
 class Speaker:
     """A `TextModel` speaking one chat template's output format."""
 
@@ -245,6 +249,12 @@ class Speaker:
     def _message(self, answer: Message, ids: list[int], cut: bool) -> dict[str, Any]:
         """What SGLang's reasoning and tool-call parsers return for `ids`."""
         if cut:
+            raw = self.template.decode(ids)
+            if answer.get("reasoning_content") and _THINK[0] in raw and _THINK[1] not in raw:
+                # SGLang's reasoning parser: an unclosed think block is all
+                # reasoning, and nothing is left for the content.
+                thought = raw.split(_THINK[0], 1)[1].strip()
+                return {"role": "assistant", "content": "", "reasoning_content": thought}
             # A parser finds no complete call in a cut answer: all is text.
             text = self.model.tokenizer.decode(ids, skip_special_tokens=True)
             return {"role": "assistant", "content": text}

@@ -18,13 +18,23 @@ IN_PROCESS: dict[str, Any] = {"process_threshold_kb": 0, "parse_processes": 1}
 INLINE: dict[str, Any] = {"parse_processes": 0}
 
 
-def comparable(doc: dict[str, Any]) -> dict[str, Any]:
-    """A trajectory without what differs between two runs (ids, clocks, ports)."""
-    turns = [
+def steady_turns(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
         {k: v for k, v in turn.items() if k != "worker" and not k.endswith(("_s", "_at"))}
         for turn in doc["turns"]
     ]
-    return {**doc, "session_id": None, "created_at": None, "turns": turns}
+
+
+def comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """A trajectory without what differs between two runs (ids, clocks, ports)."""
+    segments = [{**s, "turns": steady_turns(s)} for s in doc["segments"]]
+    return {
+        **doc,
+        "session_id": None,
+        "created_at": None,
+        "turns": steady_turns(doc),
+        "segments": segments,
+    }
 
 
 async def test_answers_validated_in_a_process_equal_inline_ones(

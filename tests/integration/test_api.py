@@ -116,19 +116,35 @@ async def test_bad_chat_request(stack: Stack, body: Any, status: int, code: str)
     assert stack.ctx.registry.get(session_id).slot is None
 
 
-async def test_assistant_appended_by_agent_is_rejected(stack: Stack) -> None:
-    session_id = await stack.create()
-    first = (await stack.chat(session_id, messages=USER)).json()["choices"][0]["message"]
-    messages = [
-        *USER,
-        {"role": "assistant", "content": first["content"]},
-        {"role": "assistant", "content": "I made this up"},
-    ]
-    response = await stack.chat(session_id, messages=messages)
-    assert response.status_code == 400
-    assert response.json()["error"]["code"] == "invalid_request"
-    assert response.json()["error"]["param"] == "messages[2].role"
-    assert stack.emulator.received == 1
+async def test_assistant_appended_by_agent_starts_a_segment_or_is_rejected(
+    make_stack: StackFactory,
+) -> None:
+    """An agent that writes an assistant message itself: the template does
+    not render it as a turn to extend. By default a new segment; strictly,
+    400 naming the message."""
+    for policy in ("segment", "error"):
+        stack = await make_stack(on_divergence=policy)
+        session_id = await stack.create()
+        first = (await stack.chat(session_id, messages=USER)).json()["choices"][0]["message"]
+        messages = [
+            *USER,
+            {"role": "assistant", "content": first["content"]},
+            {"role": "assistant", "content": "I made this up"},
+        ]
+        response = await stack.chat(session_id, messages=messages)
+        doc = await stack.trajectory(session_id)
+        if policy == "segment":
+            assert response.status_code == 200, response.text
+            assert doc["segments"][1]["branch"] == {
+                "reason": "appended_role",
+                "segment": 0,
+                "message": 2,
+            }
+            continue
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "invalid_request"
+        assert response.json()["error"]["param"] == "messages[2].role"
+        assert stack.emulator.received == 1 and doc["num_segments"] == 1
 
 
 BAD_CREATE = [

@@ -93,10 +93,15 @@ async def test_create_retry_after_lost_answer_is_idempotent(stack: Stack) -> Non
 
 
 async def populate(stack: Stack, n: int) -> None:
+    """`n` sessions; every fourth has two segments (its agent edited its question)."""
+
     async def one(i: int) -> None:
         session_id = await stack.create(session_id=f"s{i:03d}", metadata={"i": i})
         response = await stack.chat(session_id, messages=[{"role": "user", "content": str(i)}])
         assert response.status_code == 200
+        if i % 4 == 0:
+            edited = [{"role": "user", "content": f"{i}, edited"}]
+            assert (await stack.chat(session_id, messages=edited)).status_code == 200
 
     async with trio.open_nursery() as nursery:
         for i in range(n):
@@ -118,18 +123,26 @@ async def test_bulk_export_round_trips_200_sessions(stack: Stack, tmp_path: Path
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert {doc["session_id"]: doc for doc in lines} == originals
 
+    # Parquet: one row per segment.
     frame = pd.read_parquet(parquet)
     dataset = load_dataset("parquet", data_files=str(parquet), split="train")
-    assert len(frame) == len(dataset) == 200
+    assert len(frame) == len(dataset) == 250
     for row, record in zip(frame.itertuples(), dataset, strict=True):
         doc = originals[row.session_id]
-        assert list(row.token_ids) == doc["token_ids"] == record["token_ids"]
-        assert list(row.loss_mask) == doc["loss_mask"]
-        assert np.array_equal(np.asarray(row.logprobs, np.float32), np.float32(doc["logprobs"]))
-        assert json.loads(row.turns) == doc["turns"]
-        assert json.loads(row.messages) == doc["messages"]
+        segment = doc["segments"][row.segment]
+        assert (
+            row.num_segments == doc["num_segments"] == (2 if doc["metadata"]["i"] % 4 == 0 else 1)
+        )
+        assert list(row.token_ids) == segment["token_ids"] == record["token_ids"]
+        assert list(row.loss_mask) == segment["loss_mask"]
+        logprobs = np.float32(segment["logprobs"])
+        assert np.array_equal(np.asarray(row.logprobs, np.float32), logprobs)
+        assert json.loads(row.turns) == segment["turns"]
+        assert json.loads(row.messages) == segment["messages"]
         assert json.loads(row.metadata) == doc["metadata"]
-        assert row.prompt_length == doc["prompt_length"] and row.status == "open"
+        branch = json.loads(row.branch) if isinstance(row.branch, str) else None
+        assert branch == segment["branch"]
+        assert row.prompt_length == segment["prompt_length"] and row.status == "open"
 
 
 async def test_bulk_export_close_collects(stack: Stack, tmp_path: Path) -> None:

@@ -194,7 +194,7 @@ async def assert_every_change_refused(stack: Stack, session_id: str) -> None:
     assert "rollout_journal_writable 0.0" in (await stack.client.get("/metrics")).text
 
 
-CHANGES = ["turn", "create", "close-while-a-turn-winds-down", "close"]
+CHANGES = ["turn", "new-segment", "retry", "create", "close-while-a-turn-winds-down", "close"]
 
 
 @pytest.mark.parametrize("change", CHANGES, ids=CHANGES)
@@ -214,8 +214,13 @@ async def test_a_change_the_journal_fails_to_make_durable_changes_nothing(
     before = await stack.trajectory(session_id)
     assert await pinned(stack) == 2
     disk.full = True  # the writer fails on its next write: the one this change needs
-    if change == "turn":
-        assert_unavailable(await stack.chat(session_id, messages=second_turn(first)))
+    turns = {
+        "turn": second_turn(first),
+        "new-segment": [{"role": "user", "content": "something else"}],
+        "retry": USER,  # replaces the first turn
+    }
+    if change in turns:
+        assert_unavailable(await stack.chat(session_id, messages=turns[change]))
         assert await stack.trajectory(session_id) == before  # not kept in memory either
         assert stack.ctx.registry.get(session_id).slot is None
     elif change == "create":

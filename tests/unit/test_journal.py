@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from rollout_session import journal_format as fmt
 from rollout_session import journal_reader as reader
 from rollout_session.journal import Journal, JournalError
+from rollout_session.segments import Branch, Divergence, Rollback, Segment
 from rollout_session.sessions import Session, SessionState
 from rollout_session.trajectory import Turn
 
@@ -49,10 +50,21 @@ def do_turn(
     sampled: int = 30,
     width: int | None = None,
     tools: list[Any] | None = None,
+    branch: Branch | None = None,
+    rollback: Divergence | None = None,
 ) -> None:
-    """What `commit_turn` does (rollback + append + message splice), then journal it."""
+    """What `commit_turn` does (new segment or rollback + append + message
+    splice), then journal it."""
+    if branch is not None:
+        session.start_segment(branch)
     traj = session.trajectory
     keep = len(traj.turns) if keep is None else keep
+    if rollback is not None:
+        dropped = traj.turns[keep:]
+        sampled = sum(t.completion_end - t.completion_start for t in dropped)
+        session.rollbacks.append(
+            Rollback(rollback, len(session.earlier), keep, len(dropped), sampled, keep, NOW + 1.5)
+        )
     start = traj.length_after(keep)
     kept = traj.turns[keep - 1].messages_end if keep else 0
     request = [*session.messages[:kept], {"role": "user" if keep == 0 else "tool", "content": "ü"}]
@@ -98,21 +110,29 @@ def do_turn(
     )
     session.model = "m"
     session.worker = "http://w1"
-    journal.turn(session, experts)
+    journal.turn(session, experts, new_segment=branch is not None, rolled_back=rollback is not None)
 
 
 def state(session: Session) -> dict[str, Any]:
     """What replay must restore; a session being closed comes back expired, unpinned."""
-    traj = session.trajectory
     life = (session.state, session.closed_at, session.model, session.worker)
     if session.state is SessionState.CLOSING:
         life = (SessionState.EXPIRED, session.closed_at, session.model, None)
     return {
         "fields": (session.id, session.metadata, session.created_at, session.ttl_s),
         "life": life,
-        "tools": session.tools,
-        "template_kwargs": session.template_kwargs,
-        "messages": session.messages,
+        "rollbacks": list(session.rollbacks),
+        "segments": [segment_state(s) for s in session.segments()],
+    }
+
+
+def segment_state(segment: Segment) -> dict[str, Any]:
+    traj = segment.trajectory
+    return {
+        "branch": segment.branch,
+        "tools": segment.tools,
+        "template_kwargs": segment.template_kwargs,
+        "messages": segment.conversation.messages(),
         "ids": traj.tokens.ids.tobytes(),
         "mask": traj.tokens.mask.tobytes(),
         "logprobs": traj.tokens.logprobs.tobytes(),  # bits, not values
@@ -148,7 +168,8 @@ def segment(path: Path) -> Path:
 
 
 async def realistic(journal: Journal, rng: np.random.Generator) -> dict[str, Session]:
-    """Tools, a first-turn retry, a rollback, routed experts, an expiry, a collect."""
+    """Tools, a first-turn retry, a rollback, routed experts, segments, an
+    expiry, a collect."""
     a, b, c, d = (new_session(x, run={"step": 3}) for x in ("a", "b", "c", "d"))
     for s in (a, b, c, d):
         journal.create(s)
@@ -156,9 +177,16 @@ async def realistic(journal: Journal, rng: np.random.Generator) -> dict[str, Ses
     do_turn(journal, a, rng, keep=0, tools=TOOLS)  # first-turn retry
     do_turn(journal, a, rng)
     do_turn(journal, a, rng, prompt=7, sampled=0)  # empty completion
-    do_turn(journal, a, rng, keep=2)  # rollback of one turn
+    do_turn(journal, a, rng, keep=2, rollback=Divergence.RETRY)  # rollback of one turn
     for keep in (None, None, 1, None):
         do_turn(journal, b, rng, keep=keep, width=6)
+    # Segments, each with its own tools, experts and a retry of its first turn.
+    answer_dropped = Branch(Divergence.ANSWER_DROPPED, 0, 2)
+    do_turn(journal, b, rng, keep=0, width=6, branch=answer_dropped, tools=None)
+    do_turn(journal, b, rng, keep=0, width=6, rollback=Divergence.RETRY)
+    do_turn(journal, b, rng, width=6)
+    tools_changed = Branch(Divergence.TOOLS_CHANGED, 1, 0)
+    do_turn(journal, b, rng, keep=0, width=6, branch=tools_changed, tools=TOOLS)
     do_turn(journal, c, rng)
     c.state, c.closed_at, c.worker = SessionState.EXPIRED, NOW + 9.5, None
     journal.expire(c)
@@ -175,7 +203,13 @@ async def test_round_trip_of_realistic_sessions(tmp_path: Path, policy: str) -> 
         assert restored == []
         live = await realistic(journal, rng)
         expected = states(live)
-    assert expected["b"]["experts"][1] == 6 and expected["c"]["life"][0] is SessionState.EXPIRED
+    b = expected["b"]
+    assert [s["experts"][1] for s in b["segments"]] == [6, 6, 6]
+    assert [s["branch"] for s in b["segments"]][1:] == [
+        Branch(Divergence.ANSWER_DROPPED, 0, 2),
+        Branch(Divergence.TOOLS_CHANGED, 1, 0),
+    ]
+    assert expected["c"]["life"][0] is SessionState.EXPIRED
     assert await replayed(tmp_path) == expected
     # Restored sessions take more turns, appended to the same segment.
     async with running(tmp_path) as (journal, restored):
@@ -571,3 +605,27 @@ def test_random_event_sequences_replay_to_the_in_memory_state(
     with tempfile.TemporaryDirectory() as tmp:
         trio.run(run_ops, Path(tmp), ops)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def test_segments_survive_compaction_and_count_no_dead_bytes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    async with running(tmp_path, compact_min_dead_bytes=1 << 40) as (journal, _):
+        s = new_session("s")
+        journal.create(s)
+        do_turn(journal, s, rng)
+        do_turn(journal, s, rng)
+        await journal.wait_durable()
+        dead = journal.stats().dead_bytes
+        # A new segment keeps the earlier one whole: nothing of it is dead.
+        do_turn(journal, s, rng, keep=0, branch=Branch(Divergence.HISTORY_EDITED, 0, 1))
+        await journal.wait_durable()
+        assert journal.stats().dead_bytes == dead
+        # A retry of the new segment's first turn supersedes only that turn.
+        do_turn(journal, s, rng, keep=0, rollback=Divergence.RETRY)
+        await journal.wait_durable()
+        assert journal.stats().dead_bytes > dead
+        await journal.compact()  # one snapshot with both segments
+        do_turn(journal, s, rng)
+        expected = states([s])
+    assert len(expected["s"]["segments"]) == 2
+    assert await replayed(tmp_path) == expected
