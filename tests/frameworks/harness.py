@@ -151,11 +151,21 @@ class ModelCall:
         entries = self.response["choices"][0]["meta_info"]["output_token_logprobs"]
         return [int(e[1]) for e in entries], [float(e[0]) for e in entries]
 
-    def repeats(self, previous: ModelCall) -> bool:
-        """The same request as `previous`: the server replaces that turn (a
-        retry) instead of keeping it."""
+    @property
+    def empty_answer(self) -> bool:
+        """An answer with neither content nor tool calls (reasoning at most)."""
+        assert self.response is not None
+        message = self.response["choices"][0]["message"]
+        return not message.get("content") and not message.get("tool_calls")
+
+    def retries(self, previous: ModelCall) -> bool:
+        """The same request as `previous`, whose answer had something in it:
+        a retry (the agent never saw that answer), so the server replaces
+        that turn instead of keeping it. Asked again after an empty answer,
+        the agent saw it and dropped it: a new segment keeps it."""
         keys = ("messages", "tools")
-        return all(self.request.get(k) == previous.request.get(k) for k in keys)
+        same = all(self.request.get(k) == previous.request.get(k) for k in keys)
+        return same and not previous.empty_answer
 
 
 class _Response(Protocol):
@@ -252,14 +262,15 @@ def check_episode(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -
 
     The export's turns over all segments, in segment order, are exactly the
     200 calls in the order they were made, less each call that the next one
-    repeated (a retry: the server replaces that turn and records it under
-    `rollbacks` with reason `retry`). Each turn's sampled ids and logprobs
+    retried (`ModelCall.retries`: the server replaces that turn, recorded under
+    `rollbacks` with reason `retry`, with its sampled tokens as
+    `dropped_tokens`). Each turn's sampled ids and logprobs
     are those of its call, with mask 1; the mask-1 tokens of all segments
     add up to the calls' `usage.completion_tokens`.
     """
     assert doc["schema_version"] == 2, doc["schema_version"]
     ok = [c for c in calls if c.status == 200]
-    replaced = [prev for prev, nxt in itertools.pairwise(ok) if nxt.repeats(prev)]
+    replaced = [prev for prev, nxt in itertools.pairwise(ok) if nxt.retries(prev)]
     kept = [c for c in ok if not any(c is r for r in replaced)]
     segments: list[dict[str, Any]] = doc["segments"]
     assert doc["num_segments"] == len(segments) >= 1
@@ -279,6 +290,9 @@ def check_episode(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -
     assert sum(r["dropped_turns"] for r in retry_rollbacks) == len(replaced), (
         f"{len(replaced)} calls repeated by the next one, export rollbacks: {doc['rollbacks']}"
     )
+    assert sum(r["dropped_tokens"] for r in retry_rollbacks) == sum(
+        c.completion_tokens for c in replaced
+    ), doc["rollbacks"]
     assert len(exported) == len(kept), (
         f"{len(kept)} model calls kept, {len(exported)} turns exported "
         f"({len(ok)} × 200, {len(replaced)} retried)"

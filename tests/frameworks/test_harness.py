@@ -1,0 +1,79 @@
+"""The check itself (harness.check_episode), with the official SDK sending
+the requests the frameworks send: a retry is accounted as the server
+replaces it, and a server that loses sampled tokens fails the check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+from tests.frameworks.harness import DemoServer, ModelCall, Recorder, check_episode, demo_server
+
+MODEL = "rollout-session/emulator"
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[DemoServer]:
+    with demo_server() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def rollback_server() -> Iterator[DemoServer]:
+    """The strict policy that drops the turns a divergent request leaves out."""
+    with demo_server("--on-divergence", "rollback", "--max-rollback-turns", "8") as running:
+        yield running
+
+
+def _episode(server: DemoServer, dropped_answer: bool) -> tuple[list[ModelCall], dict[str, Any]]:
+    """Three user turns with a tool; the second is sent twice (a client
+    retry); with `dropped_answer`, the third leaves out the answer before it."""
+    recorder = Recorder()
+    session_id, base_url = server.create_session()
+    with httpx2.Client(event_hooks={"response": [recorder.sync_hook]}) as http:
+        client = openai.OpenAI(base_url=base_url, api_key="unused", http_client=http)
+        messages: list[Any] = [{"role": "user", "content": "Read a.txt"}]
+        answer = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        call = answer.choices[0].message.tool_calls
+        assert call
+        messages += [
+            answer.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call[0].id, "content": "hello"},
+        ]
+        for _ in range(2):  # the answer of the first try is lost: a retry
+            answer = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        if not dropped_answer:
+            messages.append(answer.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "user", "content": "And b.txt?"})
+        client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+    return recorder.take(), server.close_session(session_id)
+
+
+@pytest.mark.parametrize("dropped_answer", [False, True], ids=["linear", "dropped-answer"])
+def test_a_retry_is_accounted(server: DemoServer, dropped_answer: bool) -> None:
+    calls, doc = _episode(server, dropped_answer)
+    episode = check_episode("openai", calls, doc)
+    assert (episode.ok_calls, episode.retries, episode.turns) == (4, 1, 3)
+    assert episode.rollbacks == {"retry": 1}
+    assert episode.segments == (2 if dropped_answer else 1)
+
+
+def test_a_lost_answer_fails_the_check(rollback_server: DemoServer) -> None:
+    calls, doc = _episode(rollback_server, dropped_answer=True)
+    with pytest.raises(AssertionError, match="turns exported"):
+        check_episode("openai", calls, doc)
