@@ -23,6 +23,8 @@ import openai
 import pytest
 from agents import (
     Agent,
+    ModelBehaviorError,
+    ModelSettings,
     OpenAIChatCompletionsModel,
     RunConfig,
     Runner,
@@ -62,8 +64,8 @@ def _add(a: int, b: int) -> int:
     return a + b
 
 
-get_weather = function_tool(_weather)
-add = function_tool(_add)
+get_weather = function_tool(_weather, name_override="get_weather")
+add = function_tool(_add, name_override="add")
 
 
 def _recent_only(data: CallModelData[Any]) -> ModelInputData:
@@ -77,7 +79,16 @@ def _agents(model: OpenAIChatCompletionsModel, kind: str) -> Agent[Any]:
     if kind.startswith("handoff"):
         math = Agent(name="math", instructions="You do arithmetic.", tools=[add], model=model)
         return Agent(name="triage", instructions="You route.", handoffs=[math], model=model)
-    return Agent(name="helper", instructions="You help.", tools=[get_weather, add], model=model)
+    # A budget the model's thinking does not fit in: every answer is cut
+    # inside its think block, reasoning only.
+    settings = ModelSettings(max_tokens=6) if kind == "thinking-cut" else ModelSettings()
+    return Agent(
+        name="helper",
+        instructions="You help.",
+        tools=[get_weather, add],
+        model=model,
+        model_settings=settings,
+    )
 
 
 def _run_config(kind: str) -> RunConfig:
@@ -99,18 +110,33 @@ async def _episode(base_url: str, recorder: Recorder, kind: str, questions: int)
         config = _run_config(kind)
         session = SQLiteSession(f"episode-{kind}") if kind == "session-limit" else None
         history: list[Any] = []
-        for i in range(questions):
-            question = f"Question {i}: the weather in Paris, and 2 + {i}?"
+        # The same question each run: after a failed run the next one sends
+        # the same request again.
+        question = "The weather in Paris, and 2 + 2?"
+        for _ in range(questions):
             if session is not None:
                 await Runner.run(start, question, session=session, run_config=config)
                 continue
-            result = await Runner.run(
-                start, [*history, {"role": "user", "content": question}], run_config=config
-            )
+            try:
+                result = await Runner.run(
+                    start, [*history, {"role": "user", "content": question}], run_config=config
+                )
+            except ModelBehaviorError:
+                # A reasoning-only answer cut by max_tokens ends the run: the
+                # next one sends the same request again.
+                assert kind == "thinking-cut"
+                continue
             history = result.to_input_list()
 
 
-KINDS = ["multi-run", "handoff", "handoff-nested", "session-limit", "input-filter"]
+KINDS = [
+    "multi-run",
+    "thinking-cut",
+    "handoff",
+    "handoff-nested",
+    "session-limit",
+    "input-filter",
+]
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=KINDS)
@@ -126,9 +152,14 @@ def test_every_sampled_token_is_exported(
     assert all(c.status == 200 for c in calls), [c.response for c in calls if c.status != 200]
     episode = check_episode(f"openai-agents ({kind})", calls, doc)
     episodes.append(episode)
-    assert episode.ok_calls >= 6
+    assert episode.ok_calls >= (3 if kind == "thinking-cut" else 6)
     if kind == "multi-run":
         # Reasoning is not re-sent and is not needed: the runs extend one segment.
         assert episode.segments == 1, server.log_tail()
+    elif kind == "thinking-cut":
+        # The same request after a reasoning-only answer: not a retry (the
+        # agent saw the answer), a new segment that keeps the answer before.
+        assert episode.reasons == {"answer_dropped": episode.ok_calls - 1}, server.log_tail()
+        assert episode.retries == 0
     else:
         assert episode.segments > 1, server.log_tail()
