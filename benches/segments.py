@@ -9,8 +9,8 @@ ids are what a real model trained on the template would have produced.
 Timed is the CPU time (``time.process_time``: every thread of the process)
 of planning and committing a turn, median of ``--repeats``; each timed
 commit is undone afterwards (outside the timing), so a session is measured
-in the same state every repeat, and the two sides of each comparison
-alternate within every repeat.
+in the same state every repeat, and the sides of each comparison take
+turns within every repeat, in a fixed cycle.
 
 1. **Starting a segment vs a first turn of the same size.** A session with K
    turns of history (``--sizes``, 8/32/128) gets a request that drops the
@@ -169,9 +169,12 @@ def timed(session: Session, request: ChatRequest, answer: WorkerAnswer) -> Timed
 def alternate(
     sides: list[Timed], tokenizer: ChatTokenizer, policy: TurnPolicy, repeats: int
 ) -> None:
-    """Run every side once per repeat, in alternating order."""
-    for i in range(repeats):
-        for side in sides if i % 2 == 0 else sides[::-1]:
+    """Run every side once per repeat, always in the same cycle: each side
+    runs right after the same other side every time. (Reversing the order
+    every other repeat would run the sides at the ends twice in a row, with
+    their data still in the CPU caches.)"""
+    for _ in range(repeats):
+        for side in sides:
             side.run(tokenizer, policy)
 
 
@@ -272,7 +275,7 @@ def main(args: argparse.Namespace) -> None:
         messages = [*messages, answer, user_message(turn, args.user_words)]
 
     # The target's two turns again, side by side: turn 2 of A2 and B2, turn
-    # --turns of A and B, the four alternating within every repeat.
+    # --turns of A and B, the four taking turns within every repeat.
     second, end = at[2], at[args.turns]
     sides = {
         ("A", 2): timed(a2, *second),
@@ -315,7 +318,7 @@ def main(args: argparse.Namespace) -> None:
     print(table(start_rows, START_COLUMNS))
     worst = max(r["× first turn"] for r in start_rows)
     start_met = worst <= 1.1
-    print(f"target: start ≤ 1.1× first turn: worst {worst:.2f}× → {verdict(start_met)}")
+    print(f"target: start ≤ 1.1× first turn: worst {worst:.3f}× → {verdict(start_met)}")
     print(
         f"\n2. Extension per turn, A: {len(a.earlier)} earlier segments of "
         f"{args.segment_turns} turns, B: none (ms CPU, median of {args.repeats})"
@@ -326,10 +329,10 @@ def main(args: argparse.Namespace) -> None:
     with_ratio, without_ratio = (r["total ×"] for r in ratio_rows)
     extend_met = with_ratio <= 1.5
     present = median_ms(sides["A", args.turns].total_s) / median_ms(sides["B", args.turns].total_s)
-    print(f"turn {args.turns} with segments present / without: {present:.2f}×")
+    print(f"turn {args.turns} with segments present / without: {present:.3f}×")
     print(
-        f"target: turn {args.turns} ≤ 1.5× turn 2 with segments present: {with_ratio:.2f}× → "
-        f"{verdict(extend_met)} (without: {without_ratio:.2f}×, "
+        f"target: turn {args.turns} ≤ 1.5× turn 2 with segments present: {with_ratio:.3f}× → "
+        f"{verdict(extend_met)} (without: {without_ratio:.3f}×, "
         f"{verdict(without_ratio <= 1.5)})"
     )
     print(f"A's current segment ids == B's: {same}; C's ids == render of its last request: {tito}")
