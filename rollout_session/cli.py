@@ -67,6 +67,7 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ),
     ("--max-rollback-turns", "max_rollback_turns", int, "turns --on-divergence rollback drops"),
     ("--prompt-mode", "prompt_mode", str, "tito (token-in/token-out) or render (whole request)"),
+    ("--max-segments", "max_segments", int, "segments per session; more → 400"),
     ("--context-length", "context_length", int, "model context (default: from worker)"),
     ("--upstream-timeout-s", "upstream_timeout_s", float, "whole-turn worker timeout"),
     ("--connect-timeout-s", "connect_timeout_s", float, "worker connect timeout"),

@@ -54,6 +54,9 @@ class Settings:
     max_rollback_turns: int = 1
     # How later turns' prompts are built (segments.PromptMode): tito or render.
     prompt_mode: str = "tito"
+    # Segments per session: each holds up to a context of tokens, so this
+    # bounds a session's memory (docs/reliability.md).
+    max_segments: int = 1000
     # Model context in tokens; None = the worker's `max_model_len` if it reports one.
     context_length: int | None = None
     upstream_timeout_s: float = 600.0
@@ -182,6 +185,7 @@ class Settings:
             "circuit_successes",
             "max_sessions",
             "max_connections",
+            "max_segments",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

@@ -48,6 +48,7 @@ __all__ = [
     "SessionExists",
     "SessionNotFound",
     "TemplateCannotExtend",
+    "TooManySegments",
     "TooManySessions",
     "TrajectoryDiverged",
     "Unauthorized",
@@ -128,6 +129,14 @@ class TrajectoryDiverged(ClientError):
     """The messages do not extend the session's history and no rollback applies."""
 
     code = "trajectory_diverged"
+
+
+class TooManySegments(ClientError):
+    """A request would start one more segment than --max-segments allows:
+    each holds up to a context of tokens, so their number bounds a session's
+    memory. Extensions and retries still work."""
+
+    code = "too_many_segments"
 
 
 class ContextLengthExceeded(ClientError):

@@ -4,8 +4,9 @@ The page (``rollout_session/ui/``: plain HTML, CSS and ES modules, no build
 step, nothing from outside the server) reads the ordinary API: ``GET
 /sessions``, ``GET /workers``, ``GET /sessions/{id}/trajectory?include=
 turns,messages,pieces``, plus one route of its own, ``GET
-/sessions/{id}/diff``: the committed ids next to a fresh full re-render of the
-stored messages, with the first position where they differ.
+/sessions/{id}/diff[?segment=K]``: one segment's committed ids next to a
+fresh full re-render of its stored messages (with its own tools and template
+kwargs), with the first position where they differ.
 
 The page and its assets are public: they carry no data, and a browser must be
 able to load them before anyone typed a key. `is_public_path` names them, and
@@ -26,14 +27,15 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any, Final
 
-from quart import Response
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from .context import ServerContext
-from .errors import RouteNotFound
+from .errors import InvalidRequest, RouteNotFound
 from .messages import Message
 from .prompt.junction import Junction, continuation, shared_prefix
 from .routes import document_response
+from .segments import Segment
 from .tokenization import ChatTokenizer
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "first_mismatch",
     "is_public_path",
     "load_assets",
+    "pick_segment",
     "register_inspector_routes",
     "template_diff",
 ]
@@ -111,6 +114,20 @@ def first_mismatch(committed: Sequence[int], rerendered: Sequence[int]) -> int |
     """
     shared = shared_prefix(committed, rerendered)
     return shared if shared < len(committed) else None
+
+
+def pick_segment(segments: Sequence[Segment], raw: str | None) -> tuple[int, Segment]:
+    """The segment ``?segment=`` names (its index, 0 = the first), the last
+    one without it; anything else is 400 ``invalid_request``."""
+    if raw is None:
+        return len(segments) - 1, segments[-1]
+    # Plain ASCII digits only: int() would take " 1", "+1", "1_0" and other
+    # scripts' digits, and raise on thousands of digits.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9 and int(raw) < len(segments)):
+        raise InvalidRequest(
+            f"segment must be a segment index from 0 to {len(segments) - 1}", param="segment"
+        )
+    return int(raw), segments[int(raw)]
 
 
 def template_diff(
@@ -200,20 +217,30 @@ def register_inspector_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.get("/sessions/<session_id>/diff")
     async def session_diff(session_id: str) -> Response:
         session = registry.get(session_id)
-        # Snapshot on the loop (`session.messages` decodes fresh dicts).
-        committed = session.trajectory.tokens.ids.tolist()
+        segments = session.segments()
+        index, segment = pick_segment(segments, request.args.get("segment"))
+        # Each segment has its own messages, tools and template kwargs.
+        # Snapshot on the loop (`messages()` decodes fresh dicts).
+        committed = segment.trajectory.tokens.ids.tolist()
         turns = [
-            (t.prompt_start, t.completion_start, t.completion_end) for t in session.trajectory.turns
+            (t.prompt_start, t.completion_start, t.completion_end) for t in segment.trajectory.turns
         ]
         doc = await ctx.offload.run(
             len(committed) * 20,
             template_diff,
             ctx.ready_tokenizer,
-            session.messages,
-            session.tools,
-            session.template_kwargs or ctx.settings.chat_template_kwargs,
+            segment.conversation.messages(),
+            segment.tools,
+            segment.template_kwargs or ctx.settings.chat_template_kwargs,
             committed,
             turns,
         )
-        doc = {"session_id": session.id, "num_turns": len(turns), **doc}
+        doc = {
+            "session_id": session.id,
+            "segment": index,
+            "num_segments": len(segments),
+            "branch": segment.branch.as_dict() if segment.branch is not None else None,
+            "num_turns": len(turns),
+            **doc,
+        }
         return await document_response(ctx, doc, len(committed) * 2)

@@ -108,6 +108,7 @@ class Rollback:
     segment: int  # the segment the turns were dropped from
     turn: int  # index of the first dropped turn (and of the turn replacing them)
     dropped_turns: int
+    dropped_tokens: int  # the sampled tokens of the dropped turns
     message: int  # the first message that differs from the stored history
     created_at: float = 0.0  # set when the turn commits
 
@@ -117,6 +118,7 @@ class Rollback:
             "segment": self.segment,
             "turn": self.turn,
             "dropped_turns": self.dropped_turns,
+            "dropped_tokens": self.dropped_tokens,
             "message": self.message,
             "created_at": self.created_at,
         }
@@ -128,6 +130,7 @@ class Rollback:
             int(raw["segment"]),
             int(raw["turn"]),
             int(raw["dropped_turns"]),
+            int(raw["dropped_tokens"]),
             int(raw["message"]),
             float(raw["created_at"]),
         )

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 
 from .config import Settings
-from .errors import InvalidRequest, InvariantViolated, TrajectoryDiverged
+from .errors import InvalidRequest, InvariantViolated, TooManySegments, TrajectoryDiverged
 from .messages import Message
 from .prompt.junction import STOPPED, continuation, shared_prefix
 from .protocol import ChatRequest
 from .segments import Branch, Divergence, OnDivergence, PromptMode, Rollback
 from .sessions import Session
 from .tokenization import ChatTokenizer
+from .trajectory import Turn
 from .turn_commit import TurnPlan
 
 __all__ = ["TurnPolicy", "plan_turn"]
@@ -41,6 +42,7 @@ class TurnPolicy:
     chat_template_kwargs: Mapping[str, Any]  # defaults under each request's own
     on_divergence: OnDivergence = OnDivergence.SEGMENT
     prompt_mode: PromptMode = PromptMode.TITO
+    max_segments: int = 1000  # segments per session (they bound its memory)
     max_session_tokens: int | None = None  # prompt + max_tokens cap per session
     session_cache: bool = False  # send SGLang the session id (--sglang-session-cache)
     routed_experts: bool = False  # ask for and store routed experts (R3)
@@ -53,6 +55,7 @@ class TurnPolicy:
             chat_template_kwargs=settings.chat_template_kwargs,
             on_divergence=OnDivergence(settings.on_divergence),
             prompt_mode=PromptMode(settings.prompt_mode),
+            max_segments=settings.max_segments,
             max_session_tokens=settings.max_session_tokens,
             session_cache=settings.sglang_session_cache,
             routed_experts=settings.routed_experts,
@@ -99,15 +102,17 @@ def plan_turn(
                 f"answer only {sorted(policy.append_roles)} may be appended",
                 param=f"messages[{bad}].role",
             )
-        return _new_segment(session, request, tokenizer, kwargs, Divergence.APPENDED_ROLE, bad)
+        return _new_segment(
+            session, request, tokenizer, policy, kwargs, Divergence.APPENDED_ROLE, bad
+        )
     reason = _divergence(session, request, shared)
     segment = len(session.earlier)
     if reason is Divergence.RETRY:
         keep = len(turns) - 1
-        rollback = Rollback(reason, segment, keep, 1, shared)
+        rollback = Rollback(reason, segment, keep, 1, _sampled_after(turns, keep), shared)
         return _continue(session, request, tokenizer, policy, kwargs, keep, rollback)
     if policy.on_divergence is OnDivergence.SEGMENT:
-        return _new_segment(session, request, tokenizer, kwargs, reason, shared)
+        return _new_segment(session, request, tokenizer, policy, kwargs, reason, shared)
     if policy.on_divergence is OnDivergence.ERROR:
         raise TrajectoryDiverged(
             f"messages diverge from the session's history at message {shared} "
@@ -134,8 +139,13 @@ def plan_turn(
                 f"{sorted(policy.append_roles)} messages",
                 param="messages",
             )
-    rollback = Rollback(reason, segment, keep, dropped, shared)
+    rollback = Rollback(reason, segment, keep, dropped, _sampled_after(turns, keep), shared)
     return _continue(session, request, tokenizer, policy, kwargs, keep, rollback)
+
+
+def _sampled_after(turns: list[Turn], keep: int) -> int:
+    """Sampled tokens of the turns a rollback keeping `keep` drops."""
+    return sum(t.completion_end - t.completion_start for t in turns[keep:])
 
 
 def _from_scratch(
@@ -167,12 +177,22 @@ def _new_segment(
     session: Session,
     request: ChatRequest,
     tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
     kwargs: dict[str, Any],
     reason: Divergence,
     message: int,
     prompt: list[int] | None = None,
 ) -> TurnPlan:
-    branch = Branch(reason, len(session.earlier), message)
+    segment = len(session.earlier)
+    if segment + 1 >= policy.max_segments:
+        raise TooManySegments(
+            f"messages diverge from the session's history at message {message} "
+            f"({reason.value}), and the session has its --max-segments "
+            f"({policy.max_segments}) segments already; it takes only extensions of "
+            "its last segment and retries now",
+            param="messages",
+        )
+    branch = Branch(reason, segment, message)
     return _from_scratch(request, tokenizer, kwargs, branch=branch, prompt=prompt)
 
 
@@ -257,7 +277,7 @@ def _rendered(
             param="messages",
         )
     return _new_segment(
-        session, request, tokenizer, kwargs, Divergence.RENDERED_DIFFERENTLY, message, full
+        session, request, tokenizer, policy, kwargs, Divergence.RENDERED_DIFFERENTLY, message, full
     )
 
 

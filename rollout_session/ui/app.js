@@ -2,6 +2,7 @@
 //   #/               overview (sessions + workers)
 //   #/s/<id>         one session, token by token
 //   #/s/<id>/diff    committed ids vs a fresh re-render of the messages
+// Both session views take `?segment=<k>` (default: the last segment).
 
 import { api, setupKeyButtons } from './api.js';
 import { fmtInt } from './dom.js';
@@ -15,9 +16,10 @@ function route() {
   if (leave) leave();
   leave = null;
   const path = location.hash.slice(1) || '/';
-  const match = /^\/s\/([^/]+)(\/diff)?$/.exec(path);
+  const match = /^\/s\/([^/?]+)(\/diff)?(?:\?(.*))?$/.exec(path);
   if (match) {
-    leave = sessionView(root, decodeURIComponent(match[1]), match[2] ? 'diff' : 'tokens');
+    const segment = new URLSearchParams(match[3] || '').get('segment');
+    leave = sessionView(root, decodeURIComponent(match[1]), match[2] ? 'diff' : 'tokens', segment);
   } else {
     leave = overview(root);
   }

@@ -1,12 +1,13 @@
-// Diff view: the committed ids against a fresh full re-render of the stored
-// messages (GET /sessions/{id}/diff), first mismatch highlighted.
+// Diff view: one segment's committed ids against a fresh full re-render of
+// its stored messages (GET /sessions/{id}/diff?segment=k, the last segment
+// without k), first mismatch highlighted.
 //
 // Only the committed length is compared: the committed ids end with the last
 // sampled token, the re-render goes on with the template's end of that turn
 // (the "tail"), which is expected and not a mismatch.
 
 import { api } from './api.js';
-import { clear, fmtInt, h, quoted } from './dom.js';
+import { badge, branchText, clear, fmtInt, h, quoted, sessionHref } from './dom.js';
 
 const RADII = [10, 40, 200];
 
@@ -60,8 +61,23 @@ function rows(d, radius) {
   return out;
 }
 
-export async function diffView(body, id, isAlive) {
-  const d = await api(`/sessions/${encodeURIComponent(id)}/diff`);
+// Which segment this is, and links to the others' diffs.
+function segmentLine(d) {
+  const links = [];
+  for (let k = 0; d.num_segments > 1 && k < d.num_segments; k++) {
+    links.push(h('a', { class: `tab${k === d.segment ? ' active' : ''}`, dataset: { segment: String(k) },
+      href: sessionHref(d.session_id, 'diff', k), text: `segment ${k}` }));
+  }
+  return h('div', { class: 'toolbar' },
+    h('span', { id: 'diff-segment' }, `segment ${d.segment} of ${d.num_segments} · `,
+      d.branch === null ? 'start of the session'
+        : [`branched from ${branchText(d.branch)} `, badge(d.branch.reason, 'reason')]),
+    links.length ? h('nav', { id: 'diff-segments', class: 'toolbar' }, links) : null);
+}
+
+export async function diffView(body, id, segment, isAlive) {
+  const query = segment === null ? '' : `?segment=${encodeURIComponent(segment)}`;
+  const d = await api(`/sessions/${encodeURIComponent(id)}/diff${query}`);
   if (!isAlive()) return;
   const tbody = h('tbody', { id: 'diff-body' });
   let radius = RADII[0];
@@ -71,6 +87,7 @@ export async function diffView(body, id, isAlive) {
   RADII.map((r) => h('option', { value: r, text: `±${r} tokens` })));
   draw();
   clear(body).append(
+    segmentLine(d),
     summary(d),
     h('p', { class: 'muted' },
       `${fmtInt(d.committed_ids.length)} committed tokens over ${d.num_turns} turns · ` +

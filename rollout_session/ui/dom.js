@@ -72,8 +72,32 @@ export function badge(text, kind) {
   return h('span', { class: `badge ${kind || text}`, text });
 }
 
-export function sessionHref(id, tab) {
-  return `#/s/${encodeURIComponent(id)}${tab === 'diff' ? '/diff' : ''}`;
+// `segment` null: the session's last segment (what the page shows by default).
+export function sessionHref(id, tab, segment = null) {
+  const query = segment === null ? '' : `?segment=${encodeURIComponent(segment)}`;
+  return `#/s/${encodeURIComponent(id)}${tab === 'diff' ? '/diff' : ''}${query}`;
+}
+
+// Why a segment started or turns were replaced (the server's reason codes,
+// segments.py Divergence); an unknown code is shown as it is.
+const REASONS = {
+  retry: 'the previous request again: its answer never reached the agent',
+  tools_changed: 'the request has other tools than the segment',
+  answer_dropped: 'the request leaves out one of the model\'s answers',
+  answer_edited: 'the request has another assistant message in place of the model\'s answer',
+  history_edited: 'the request differs at an earlier message (edited, compacted, summarised)',
+  appended_role: 'an appended message has a role the template does not render in place',
+  rendered_differently: 'the template renders the history differently from the segment\'s ids',
+};
+
+export function describeReason(reason) {
+  return REASONS[reason] || reason;
+}
+
+// Where a segment came from, in words.
+export function branchText(branch) {
+  return branch === null ? 'start of the session'
+    : `segment ${branch.segment} at message #${branch.message}`;
 }
 
 let bannerTimer = null;

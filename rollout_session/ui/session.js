@@ -1,9 +1,12 @@
-// Session view: the trajectory token by token next to the stored messages,
-// the turn table, and a search box; the "diff" tab is in diff.js.
+// Session view: the session's segments and rollbacks, then one segment (the
+// last by default, `?segment=k` otherwise) token by token next to its stored
+// messages, with its turn table and a search box; the "diff" tab is in diff.js.
 
 import { api } from './api.js';
 import { diffView } from './diff.js';
-import { badge, clear, fmtInt, fmtLatency, h, sessionHref } from './dom.js';
+import {
+  ageOf, append, badge, branchText, clear, describeReason, fmtAge, fmtInt, fmtLatency, h, sessionHref,
+} from './dom.js';
 import { TokenStream, search } from './tokens.js';
 
 function legend() {
@@ -15,8 +18,9 @@ function legend() {
     item('special', '<|special|>'));
 }
 
-function messageCard(message, index) {
+function messageCard(message, index, branch) {
   const role = message.role || '?';
+  const atBranch = branch !== null && index === branch.message;
   const parts = [
     h('div', { class: 'msg-head' },
       h('span', { class: `role ${role}`, text: role }),
@@ -24,6 +28,9 @@ function messageCard(message, index) {
       message.name ? h('span', { class: 'muted', text: `name ${message.name}` }) : null,
       message.tool_call_id ? h('span', { class: 'muted', text: `call ${message.tool_call_id}` })
         : null),
+    atBranch ? h('div', { class: 'branch-note',
+      text: `first message that differs from segment ${branch.segment} (${branch.reason})` })
+      : null,
   ];
   if (message.reasoning_content) {
     parts.push(h('details', { class: 'reasoning' },
@@ -43,10 +50,22 @@ function messageCard(message, index) {
       h('strong', { text: fn.name || '?' }),
       h('pre', { text: args })));
   }
-  return h('article', { class: `message ${role}` }, parts);
+  return h('article', { class: `message ${role}${atBranch ? ' branch-point' : ''}` }, parts);
 }
 
-function turnTable(doc, stream) {
+// What replaced turns of a segment, by the index of the turn that replaced
+// them: "retry: 1 turn dropped".
+function replacedTurns(rollbacks, segment) {
+  const at = new Map();
+  for (const r of rollbacks) {
+    if (r.segment !== segment) continue;
+    const text = `${r.reason}: ${r.dropped_turns} turn${r.dropped_turns === 1 ? '' : 's'} dropped`;
+    at.set(r.turn, at.has(r.turn) ? `${at.get(r.turn)}; ${text}` : text);
+  }
+  return at;
+}
+
+function turnTable(doc, stream, replaced) {
   const rows = doc.turns.map((t) => h('tr', { class: 'turn-row', onclick: () => stream.jumpToTurn(t) },
     h('td', { class: 'num' }, String(t.index)),
     h('td', { class: 'num' }, `${t.prompt_start}–${t.completion_start}`),
@@ -54,10 +73,12 @@ function turnTable(doc, stream) {
     h('td', {}, badge(t.finish_reason ?? '—', 'finish')),
     h('td', { class: 'num' }, fmtInt(t.cached_tokens)),
     h('td', { class: 'num' }, fmtLatency(t.upstream_latency_s)),
-    h('td', { class: 'url', title: t.worker }, t.worker)));
+    h('td', { class: 'url', title: t.worker }, t.worker),
+    h('td', { class: 'replaced' }, replaced.has(t.index) ? badge(replaced.get(t.index), 'rollback')
+      : '')));
   return h('table', { id: 'turns', class: 'grid compact' },
     h('thead', {}, h('tr', {}, ['turn', 'prompt', 'sampled', 'finish', 'cached', 'latency',
-      'worker'].map((t) => h('th', { text: t })))),
+      'worker', 'replaced'].map((t) => h('th', { text: t })))),
     h('tbody', {}, rows));
 }
 
@@ -100,33 +121,102 @@ function searchBox(doc, stream) {
     status);
 }
 
-async function tokensTab(body, id, isAlive) {
-  const doc = await api(`/sessions/${encodeURIComponent(id)}/trajectory?include=turns,messages,pieces`);
+const sum = (values) => values.reduce((a, b) => a + b, 0);
+
+// Every segment (a link to each) and every rollback of the session. A session
+// that never branched and never replaced a turn gets one line instead.
+function segmentsPanel(doc, id, selected) {
+  const segments = doc.segments;
+  if (segments.length === 1 && !doc.rollbacks.length) {
+    return h('p', { id: 'segments', class: 'muted small',
+      text: 'One segment (the agent never rewrote its history) · no rollbacks.' });
+  }
+  const rows = segments.map((s) => h('tr', {
+    class: `segment-row${s.index === selected ? ' selected' : ''}`,
+    dataset: { segment: String(s.index) },
+  },
+  h('td', {}, h('a', { href: sessionHref(id, 'tokens', s.index), text: `segment ${s.index}` })),
+  h('td', {}, branchText(s.branch)),
+  h('td', {}, s.branch ? badge(s.branch.reason, 'reason') : '—'),
+  h('td', { class: 'num' }, fmtInt(s.turns.length)),
+  h('td', { class: 'num' }, fmtInt(s.token_ids.length)),
+  h('td', { class: 'num' }, fmtInt(sum(s.loss_mask))),
+  h('td', { class: 'num' }, fmtInt(s.prompt_length))));
+  const rollbacks = doc.rollbacks.map((r) => h('tr', { class: 'rollback-row' },
+    h('td', {}, badge(r.reason, 'reason')),
+    h('td', {}, h('a', { href: sessionHref(id, 'tokens', r.segment), text: `segment ${r.segment}` })),
+    h('td', {}, `turn ${r.turn}`),
+    h('td', { class: 'num' }, fmtInt(r.dropped_turns)),
+    h('td', {}, `#${r.message}`),
+    h('td', { class: 'num' }, fmtAge(ageOf(r.created_at)))));
+  const head = (titles) => h('thead', {}, h('tr', {}, titles.map((t) => h('th', { text: t }))));
+  return h('section', { id: 'segments', class: 'panel' },
+    h('h3', { text: `Segments (${segments.length})` }),
+    h('table', { id: 'segments-table', class: 'grid compact' },
+      head(['segment', 'branched from', 'reason', 'turns', 'tokens', 'sampled', 'first prompt']),
+      h('tbody', {}, rows)),
+    h('h3', { class: 'gap', text: `Rollbacks: turns replaced in place (${rollbacks.length})` }),
+    rollbacks.length
+      ? h('table', { id: 'rollbacks', class: 'grid compact' },
+        head(['reason', 'segment', 'replaced at', 'turns dropped', 'first differing message',
+          'ago']),
+        h('tbody', {}, rollbacks))
+      : h('p', { id: 'rollbacks', class: 'muted small', text: 'None: no turn was replaced.' }));
+}
+
+// The segment `?segment=` names, the last one without it.
+function pickSegment(segments, segment) {
+  if (segment === null) return segments.length - 1;
+  const k = /^\d+$/.test(segment) ? Number(segment) : NaN;
+  if (!(k < segments.length)) {
+    throw new Error(`There is no segment ${segment}: the session has ${segments.length} ` +
+      `(0 to ${segments.length - 1}).`);
+  }
+  return k;
+}
+
+async function tokensTab(body, id, segment, isAlive) {
+  const whole = await api(`/sessions/${encodeURIComponent(id)}/trajectory?include=turns,messages,pieces`);
   if (!isAlive()) return;
-  const sampled = doc.loss_mask.reduce((a, b) => a + b, 0);
+  const k = pickSegment(whole.segments, segment);
+  const doc = whole.segments[k];
+  const n = whole.segments.length;
+  const replaced = replacedTurns(whole.rollbacks, k);
+  const sampled = sum(doc.loss_mask);
   const streamBox = h('div', { id: 'tokens', class: 'tokens' });
-  const stream = new TokenStream(streamBox, doc, document.getElementById('tip'));
-  clear(body).append(
+  const stream = new TokenStream(streamBox, doc, document.getElementById('tip'), replaced);
+  // dom.js append: the branch line is null for a session of one segment.
+  append(clear(body), [
+    segmentsPanel(whole, id, k),
     h('p', { id: 'session-summary', class: 'muted' },
-      `${doc.status} · model ${doc.model ?? '—'} · ${fmtInt(doc.token_ids.length)} tokens ` +
+      `segment ${k} of ${n} · ${whole.status} · model ${whole.model ?? '—'} · ` +
+      `${fmtInt(doc.token_ids.length)} tokens ` +
       `(${fmtInt(doc.prompt_length)} first prompt, ${fmtInt(sampled)} sampled) · ` +
       `${doc.turns.length} turns · ${doc.messages.length} messages`),
+    n > 1 ? h('p', { id: 'branch', class: 'branch' }, doc.branch === null
+      ? `Segment ${k}: the start of the session.`
+      : [`Segment ${k} branched from ${branchText(doc.branch)}: `,
+        badge(doc.branch.reason, 'reason'),
+        `: ${describeReason(doc.branch.reason)}. Its first prompt is the render of that request; ` +
+        `messages before #${doc.branch.message} are those of segment ${doc.branch.segment}.`])
+      : null,
     h('div', { class: 'split' },
       h('section', { class: 'panel left' },
         h('div', { class: 'toolbar' }, searchBox(doc, stream), legend()),
-        turnTable(doc, stream),
+        turnTable(doc, stream, replaced),
         streamBox),
       h('section', { class: 'panel right' },
         h('h3', { text: 'Messages' }),
-        h('div', { id: 'messages', class: 'messages' }, doc.messages.map(messageCard)))));
+        h('div', { id: 'messages', class: 'messages' },
+          doc.messages.map((m, i) => messageCard(m, i, doc.branch)))))]);
 }
 
-export function sessionView(root, id, tab) {
+export function sessionView(root, id, tab, segment = null) {
   let alive = true;
   const isAlive = () => alive;
   const tabLink = (name, label) => h('a', {
     class: `tab${tab === name ? ' active' : ''}`, id: `tab-${name}`,
-    href: sessionHref(id, name), text: label,
+    href: sessionHref(id, name, segment), text: label,
   });
   const body = h('div', { id: 'session-body' }, h('p', { class: 'muted', text: 'loading…' }));
   clear(root).append(
@@ -135,7 +225,8 @@ export function sessionView(root, id, tab) {
       h('h2', { id: 'session-id', text: id }),
       tabLink('tokens', 'tokens'), tabLink('diff', 'diff vs re-render')),
     body);
-  const load = tab === 'diff' ? diffView(body, id, isAlive) : tokensTab(body, id, isAlive);
+  const load = tab === 'diff' ? diffView(body, id, segment, isAlive)
+    : tokensTab(body, id, segment, isAlive);
   load.catch((error) => {
     if (alive) clear(body).append(h('p', { class: 'error', id: 'load-error', text: error.message }));
   });

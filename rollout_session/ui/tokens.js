@@ -19,10 +19,14 @@ export function bucket(logprob) {
   return k === -1 ? BUCKETS.length : k;
 }
 
+// `doc` is one segment of the export document (token_ids, loss_mask,
+// logprobs, pieces, prompt_length, turns); `replaced` maps a turn index to a
+// note on the turns it replaced (a retry, a rollback).
 export class TokenStream {
-  constructor(container, doc, tip) {
+  constructor(container, doc, tip, replaced = new Map()) {
     this.container = container;
     this.doc = doc;
+    this.replaced = replaced;
     this.tip = tip;
     this.n = doc.token_ids.length;
     this.nodes = [];
@@ -59,7 +63,8 @@ export class TokenStream {
       ` · cached ${t.cached_tokens ?? '—'}`,
       ` · ${(t.upstream_latency_s * 1000).toFixed(1)} ms`,
       ` · ${t.worker}`,
-      t.weight_version ? ` · weights ${t.weight_version}` : '');
+      t.weight_version ? ` · weights ${t.weight_version}` : '',
+      this.replaced.has(t.index) ? ` · replaced earlier turns (${this.replaced.get(t.index)})` : '');
   }
 
   tokenNode(i) {

@@ -75,6 +75,41 @@ async def tool_episode(stack: Stack, session_id: str, tool_result: str, turns: i
     assert any(m["role"] == "tool" for m in messages)
 
 
+USER_1 = {"role": "user", "content": "What does main.py print?"}
+USER_2 = {"role": "user", "content": "Never mind: what does test.py print?"}
+OTHER_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def segmented_episode(stack: Stack, session_id: str) -> dict[str, Any]:
+    """Two segments and a retry: [user1] is answered, then [user1, user2]
+    leaves that answer out (a new segment, ``answer_dropped`` at message 1),
+    is sent again as if its answer was lost (a ``retry``), and extended once.
+    Returns the export document."""
+    first = [USER_1]
+    assert (await stack.chat(session_id, messages=first, seed=1)).status_code == 200
+    second = [USER_1, USER_2]
+    for seed in (2, 3):  # the same request twice: the second one is a retry
+        response = await stack.chat(session_id, messages=second, seed=seed)
+        assert response.status_code == 200, response.text
+    answer = echo(response.json()["choices"][0]["message"])
+    third = [*second, answer, {"role": "user", "content": "Thanks."}]
+    assert (await stack.chat(session_id, messages=third, seed=4)).status_code == 200
+    doc = await stack.trajectory(session_id)
+    assert doc["num_segments"] == 2
+    assert doc["segments"][1]["branch"] == {"reason": "answer_dropped", "segment": 0, "message": 1}
+    assert [(r["reason"], r["segment"], r["turn"]) for r in doc["rollbacks"]] == [("retry", 1, 0)]
+    return doc
+
+
 async def think_episode(stack: Stack, session_id: str) -> None:
     """Two user turns against a reasoning model: the qwen3 template strips the
     first answer's <think> block from a re-render."""
@@ -163,6 +198,71 @@ async def test_diff_of_a_think_stripping_session_points_at_the_stripped_think(
     assert diff["first_mismatch_turn"] == 0 and diff["first_mismatch_sampled"] is True
     assert diff["committed_pieces"][first_think] == "<think>"
     assert diff["tail"] == [] and diff["tail_expected"] is False
+
+
+async def test_diff_of_each_segment_uses_that_segments_messages_and_tools(
+    make_stack: StackFactory,
+) -> None:
+    """Segment 0 was rendered with TOOLS, segment 1 (tools changed) with
+    OTHER_TOOLS: each diff is clean only if it re-renders its own segment."""
+    stack = await make_stack()
+    await stack.create(session_id="tools")
+    first = await stack.chat("tools", messages=[USER_1], tools=TOOLS, seed=1)
+    assert first.status_code == 200, first.text
+    history = [USER_1, echo(first.json()["choices"][0]["message"]), USER_2]
+    second = await stack.chat("tools", messages=history, tools=OTHER_TOOLS, seed=2)
+    assert second.status_code == 200, second.text
+    doc = await stack.trajectory("tools")
+    assert doc["num_segments"] == 2
+    assert doc["segments"][1]["branch"]["reason"] == "tools_changed"
+
+    by_index = {}
+    for query in ("?segment=0", "?segment=1", ""):
+        response = await stack.client.get(f"/sessions/tools/diff{query}")
+        assert response.status_code == 200, response.text
+        by_index[query] = diff = response.json()
+        assert diff["first_mismatch"] is None and diff["tail_expected"] is True, query
+        assert diff["num_segments"] == 2
+    assert by_index[""] == by_index["?segment=1"]
+    zero, one = by_index["?segment=0"], by_index["?segment=1"]
+    assert zero["segment"] == 0 and zero["branch"] is None
+    assert zero["committed_ids"] == doc["segments"][0]["token_ids"]
+    assert zero["num_turns"] == len(doc["segments"][0]["turns"]) == 1
+    assert one["segment"] == 1 and one["branch"] == doc["segments"][1]["branch"]
+    assert one["committed_ids"] == doc["segments"][1]["token_ids"] == doc["token_ids"]
+    # Each re-render holds its own segment's tools only.
+    zero_text, one_text = "".join(zero["rerendered_pieces"]), "".join(one["rerendered_pieces"])
+    assert "Read a file" in zero_text and "Search the web" not in zero_text
+    assert "Search the web" in one_text and "Read a file" not in one_text
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["2", "-1", "x", "", "1.0", " 1", "+1", "0_1", "\u0661", "9" * 5000],
+    ids=[
+        "past-end",
+        "negative",
+        "word",
+        "empty",
+        "float",
+        "space",
+        "plus",
+        "underscore",
+        "arabic-digit",
+        "huge",
+    ],
+)
+async def test_diff_of_a_segment_that_does_not_exist_is_400(
+    make_stack: StackFactory, raw: str
+) -> None:
+    stack = await make_stack()
+    await stack.create(session_id="two")
+    await segmented_episode(stack, "two")
+    response = await stack.client.get("/sessions/two/diff", params={"segment": raw})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and error["param"] == "segment"
+    assert "0 to 1" in error["message"]
 
 
 # --- the page in headless Chromium ------------------------------------------------------
@@ -258,6 +358,11 @@ async def test_browser_overview_session_and_clean_diff_behind_an_api_key(
         assert page.locator(".turn-mark").count() == len(doc["turns"]) == 3
         assert page.locator("#messages .message").count() == len(doc["messages"])
         assert "finish tool_calls" in page.inner_text("#turn-0")
+        # One segment, no rollback: a line, no segment table, no branch line.
+        assert page.inner_text("#segments").startswith("One segment")
+        assert page.locator("#segments-table, #branch").count() == 0
+        assert "segment 0 of 1" in page.inner_text("#session-summary")
+        assert "null" not in page.inner_text("#session-body")
 
         # A tool result holding markup is text: nothing ran, no element was made.
         assert page.evaluate("window.__pwned") is None
@@ -324,6 +429,87 @@ async def test_browser_diff_shows_the_first_mismatch_of_a_think_stripping_templa
         assert mismatch.count() == 1 and mismatch.get_attribute("data-i") == str(at)
         assert '"<think>"' in mismatch.inner_text()
         shot(page, "diff-mismatch")
+
+    await browse(chromium, script)
+
+
+async def test_browser_session_shows_every_segment_its_branch_point_and_rollbacks(
+    make_stack: StackFactory, chromium: str
+) -> None:
+    stack = await make_stack(api_key=KEY)
+    await stack.create(session_id="branchy")
+    doc = await segmented_episode(stack, "branchy")
+    first, last = doc["segments"]
+
+    def sampled(segment: dict[str, Any]) -> int:
+        return sum(segment["loss_mask"])
+
+    def script(page: Page) -> None:
+        page.goto(f"{stack.url}/ui")
+        page.wait_for_selector("#auth[open]")
+        page.fill("#auth-key", KEY)
+        page.press("#auth-key", "Enter")
+        row = page.locator('tr.session-row[data-id="branchy"]')
+        row.wait_for()
+        assert row.locator("td.segments").inner_text() == "2"
+        assert row.locator("td.rollbacks").inner_text() == "1"
+
+        # The session opens on its last segment; every segment is listed.
+        page.click('a[href="#/s/branchy"]')
+        page.wait_for_selector("#tokens .tok")
+        rows = page.locator("#segments tr.segment-row")
+        assert rows.count() == 2
+        assert "start of the session" in rows.nth(0).inner_text()
+        branch = rows.nth(1).inner_text()
+        assert "answer_dropped" in branch and "segment 0 at message #1" in branch
+        assert (
+            page.locator("#segments tr.segment-row.selected").get_attribute("data-segment") == "1"
+        )
+        assert page.locator("#tokens .tok").count() == len(last["token_ids"])
+        assert page.locator("#tokens .tok.sampled").count() == sampled(last)
+        assert page.locator(".turn-mark").count() == len(last["turns"]) == 2
+        assert page.locator("#messages .message").count() == len(last["messages"]) == 5
+        assert "segment 1 of 2" in page.inner_text("#session-summary")
+        assert "answer_dropped" in page.inner_text("#branch")
+        # The first message that differs from segment 0 is marked.
+        marked = page.locator("#messages .message.branch-point")
+        assert marked.count() == 1 and "#1" in marked.inner_text()
+        # The retry: the turn it replaced, listed and marked in the turn table.
+        rollback = page.locator("#rollbacks tr.rollback-row")
+        assert rollback.count() == 1
+        text = rollback.inner_text()
+        assert "retry" in text and "turn 0" in text and "segment 1" in text
+        assert "retry" in page.inner_text("#turns tr.turn-row >> nth=0")
+        shot(page, "segments")
+
+        # Segment 0, whole: its own tokens, turns and messages.
+        rows.nth(0).locator("a").click()
+        page.wait_for_selector('#segments tr.segment-row.selected[data-segment="0"]')
+        page.wait_for_selector("#tokens .tok")
+        assert page.locator("#tokens .tok").count() == len(first["token_ids"])
+        assert page.locator("#tokens .tok.sampled").count() == sampled(first)
+        assert page.locator("#messages .message").count() == len(first["messages"]) == 2
+        assert "segment 0 of 2" in page.inner_text("#session-summary")
+        assert "start of the session" in page.inner_text("#branch")
+
+        # Its diff: re-rendered from segment 0's own messages.
+        page.click("#tab-diff")
+        page.wait_for_selector("#diff-summary")
+        assert page.inner_text("#diff-summary").startswith("No mismatch.")
+        assert "segment 0 of 2" in page.inner_text("#diff-segment")
+        assert page.locator("#diff-body tr.diff-row").count() > 0
+        page.click('#diff-segments a[data-segment="1"]')
+        page.wait_for_selector("#diff-segment >> text=segment 1 of 2")
+        assert "answer_dropped" in page.inner_text("#diff-segment")
+        shot(page, "diff-segments")
+
+        # A segment the session does not have: the server's 400, shown.
+        page.goto(f"{stack.url}/ui#/s/branchy/diff?segment=7")
+        page.wait_for_selector("#load-error")
+        assert "segment must be a segment index from 0 to 1" in page.inner_text("#load-error")
+        page.goto(f"{stack.url}/ui#/s/branchy?segment=7")
+        page.wait_for_selector("#load-error")
+        assert "no segment 7" in page.inner_text("#load-error")
 
     await browse(chromium, script)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -78,7 +79,12 @@ def check_nothing_lost(doc: dict[str, Any], agent: Agent) -> None:
         completions += [ids[t["completion_start"] : t["completion_end"]] for t in segment["turns"]]
     kept = [sampled_ids(a) for i, a in enumerate(agent.answers) if i not in agent.replaced]
     assert completions == kept
-    assert sum(sum(s["loss_mask"]) for s in doc["segments"]) == sum(map(len, kept))
+    sampled = sum(sum(s["loss_mask"]) for s in doc["segments"])
+    assert sampled == sum(map(len, kept))
+    # The books balance from the document alone: every answer's tokens are
+    # in a segment or counted as dropped by a rollback.
+    every = sum(a["usage"]["completion_tokens"] for a in agent.answers)
+    assert every == sampled + sum(r["dropped_tokens"] for r in doc["rollbacks"])
     # v1's fields are the last segment's.
     last = doc["segments"][-1]
     assert (doc["token_ids"], doc["turns"]) == (last["token_ids"], last["turns"])
@@ -400,3 +406,49 @@ async def test_prompt_mode_render_with_on_divergence_error_refuses(
         await agent.call([USER_1, echo(answer), {"role": "user", "content": "And?"}])
     assert refused.value.code == "trajectory_diverged"
     assert "renders this request's history differently" in refused.value.message
+
+
+async def test_segments_survive_a_restart_exactly(make_stack: StackFactory, tmp_path: Path) -> None:
+    stack = await make_stack(journal=str(tmp_path), journal_fsync="always")
+    session_id, agent = await episode(stack)
+    messages, answer = await first_answer(agent)
+    await agent.call([*messages, {"role": "user", "content": "Use a tool."}])  # answer_dropped
+    agent.tools = OTHER_TOOLS
+    extended = [*messages, {"role": "user", "content": "Search."}]
+    answer = await agent.call(extended)  # tools_changed
+    await agent.retry(extended, seed=3)
+    before = await stack.trajectory(session_id)
+    assert before["num_segments"] == 3 and len(before["rollbacks"]) == 1
+    await stack.server.aclose()  # the journal is flushed; a new server replays it
+    again = await make_stack(journal=str(tmp_path))
+    assert await again.trajectory(session_id) == before
+    # The restored session goes on in its last segment.
+    agent.client = client(base_url(again, session_id))
+    answer = agent.answers[-1]["choices"][0]["message"]
+    await agent.call([*extended, echo(answer), {"role": "user", "content": "more"}])
+    doc = await again.trajectory(session_id)
+    check_nothing_lost(doc, agent)
+    assert [len(s["turns"]) for s in doc["segments"]] == [1, 1, 2]
+
+
+async def test_segments_past_the_cap_are_refused_and_the_session_goes_on(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make_stack(max_segments=2)
+    session_id, agent = await episode(stack)
+    messages, _ = await first_answer(agent)
+    second = [*messages, {"role": "user", "content": "Use a tool."}]
+    answer = await agent.call(second)  # segment 1
+    before = await stack.trajectory(session_id)
+    received = stack.emulator.received
+    with pytest.raises(openai.BadRequestError) as refused:
+        await agent.call([SYSTEM, {"role": "user", "content": "start over"}])
+    assert refused.value.code == "too_many_segments"
+    assert stack.emulator.received == received
+    assert await stack.trajectory(session_id) == before
+    # Its last segment still takes a retry and an extension.
+    answer = await agent.retry(second)
+    await agent.call([*second, echo(answer), {"role": "user", "content": "go on"}])
+    doc = await stack.trajectory(session_id)
+    check_nothing_lost(doc, agent)
+    assert doc["num_segments"] == 2

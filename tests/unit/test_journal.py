@@ -60,9 +60,10 @@ def do_turn(
     traj = session.trajectory
     keep = len(traj.turns) if keep is None else keep
     if rollback is not None:
-        dropped = len(traj.turns) - keep
+        dropped = traj.turns[keep:]
+        sampled = sum(t.completion_end - t.completion_start for t in dropped)
         session.rollbacks.append(
-            Rollback(rollback, len(session.earlier), keep, dropped, keep, NOW + 1.5)
+            Rollback(rollback, len(session.earlier), keep, len(dropped), sampled, keep, NOW + 1.5)
         )
     start = traj.length_after(keep)
     kept = traj.turns[keep - 1].messages_end if keep else 0
