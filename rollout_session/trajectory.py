@@ -25,6 +25,7 @@ turn asks the worker only for positions past what is stored (O(N) in total).
 
 from __future__ import annotations
 
+import bisect
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -151,10 +152,16 @@ class TokenBuffer:
         return np.concatenate(parts)
 
     def _within_chunk(self, start: int, end: int) -> tuple[int, int, int, int] | None:
-        for k, (s, m, e) in enumerate(self._spans()):
-            if s <= start and end <= e:
-                return k, s, m, e
-        return None
+        """The first chunk (k, its start, middle, end) holding ``[start,
+        end)``, or None if the range spans several. O(log chunks): the bounds
+        are sorted (each chunk's middle and end, then the next chunk's), and
+        the chunk is the first whose end is at least `end`."""
+        b = self._bounds
+        k = bisect.bisect_left(b, end) // 2
+        if 2 * k + 1 >= len(b):
+            return None
+        s, m, e = (b[2 * k - 1] if k else 0), b[2 * k], b[2 * k + 1]
+        return (k, s, m, e) if s <= start and end <= e else None
 
     def ids_between(self, start: int, end: int) -> IdArray:
         """``ids[start:end]``; a view when it lies in one chunk (one turn)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rollout_session.trajectory import TokenBuffer, Trajectory, Turn
 
@@ -116,3 +117,27 @@ def test_check_reports_sampled_runs_that_are_not_the_turns() -> None:
     traj.tokens.truncate(1)
     traj.tokens.append([2])  # same length, but the sampled token is gone
     assert traj.check() is not None
+
+
+@pytest.mark.parametrize("seed", range(5), ids=lambda s: f"seed-{s}")
+def test_ranges_within_one_chunk_are_found_by_bisection(seed: int) -> None:
+    """`ids_between` and `sampled_logprobs` find a turn's chunk in O(log n):
+    same answer as a scan, with prompt-less and sample-less chunks."""
+    rng = np.random.default_rng(seed)
+    buffer = TokenBuffer()
+    for _ in range(30):
+        prompt, sampled = (int(x) for x in rng.integers(0, 4, 2))
+        ids = rng.integers(0, 1000, sampled).astype(np.int32)
+        buffer.append(
+            list(rng.integers(0, 1000, prompt)), ids, -rng.random(sampled).astype(np.float32)
+        )
+    spans = buffer._spans()
+    n = len(buffer)
+    for start in range(n + 1):
+        for end in range(start, n + 1):
+            scanned = next(
+                ((k, s, m, e) for k, (s, m, e) in enumerate(spans) if s <= start and end <= e),
+                None,
+            )
+            assert buffer._within_chunk(start, end) == scanned, (start, end)
+    assert np.array_equal(buffer.ids_between(0, n), buffer.ids)

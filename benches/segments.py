@@ -1,0 +1,480 @@
+"""Segments (issue 18): what starting a segment costs, and extension with segments present.
+
+Two measurements in one run, in-process, of the server's own turn functions
+(`plan_turn` and `commit_turn`) with the bundled tokenizer and the ``chatml``
+template. The model is simulated: every answer is the template's own
+tokenisation of a text answer (`prompt.model_output.answer_ids`, as the
+emulator and tests/unit/test_segments_property.py sample), so each segment's
+ids are what a real model trained on the template would have produced.
+Timed is the CPU time (``time.process_time``: every thread of the process)
+of planning and committing a turn, median of ``--repeats``; each timed
+commit is undone afterwards (outside the timing), so a session is measured
+in the same state every repeat, and the sides of each comparison take
+turns within every repeat, in a fixed cycle.
+
+1. **Starting a segment vs a first turn of the same size.** A session with K
+   turns of history (``--sizes``, 8/32/128) gets a request that drops the
+   model's last answer and appends a user nudge (mini-swe-agent's pattern:
+   ``answer_dropped``), so `plan_turn` starts a new segment rendered from the
+   whole request. Baseline: a fresh session whose first request is the same
+   messages (the same rendered prompt). Target: ≤ 1.1×.
+2. **Extension at turn 128 vs turn 2 with segments present.** Session A has
+   ``--segments`` (4) earlier segments of ``--segment-turns`` (32) turns,
+   each started by a compacted history (``history_edited``); then its
+   current segment is extended turn by turn to ``--turns`` (128). Session B,
+   the baseline, has no earlier segment and the same messages as A's
+   current segment. Target: turn 128 ≤ 1.5× turn 2 for A, as for B.
+
+Each turn's user message is a ~``--user-words`` observation (P3's tool
+result shape: ~44k tokens at turn 128), each answer ~``--answer-words``
+words. At the end, A's current segment's ids are checked equal to B's, and
+B's to the full render of its last request.
+
+    python benches/segments.py
+    python benches/segments.py --sizes 8,32 --turns 32 --segment-turns 8   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from _common import WORDS, bench_parser, load_average, ms, table, tokenizer_path, write_json
+from tito_cost import tool_result
+
+from rollout_session import Settings
+from rollout_session.messages import Message
+from rollout_session.prompt.model_output import answer_ids
+from rollout_session.protocol import ChatRequest, parse_chat_request
+from rollout_session.segments import Divergence, Segment
+from rollout_session.sessions import Session, TurnSlot
+from rollout_session.tokenization import ChatTokenizer, load_tokenizer
+from rollout_session.trajectory import Checkpoint
+from rollout_session.turn_commit import TurnPlan, commit_turn
+from rollout_session.turn_plan import TurnPolicy, plan_turn
+from rollout_session.upstream import UpstreamReply
+from rollout_session.validation import WorkerAnswer
+
+REPLY = UpstreamReply(200, [], b"", "http://worker", 0.0)
+SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent. " * 20}
+TASK = "Find out why the build fails and fix it."
+NUDGE: Message = {
+    "role": "user",
+    "content": "No tool calls found in your answer. Every answer must call a tool.",
+}
+
+
+def new_session(name: str) -> Session:
+    session = Session(name, {}, 0.0, 0.0)
+    # The turn slot stays claimed: commit_turn checks it, nothing here releases it.
+    session.slot = TurnSlot(started_at=0.0)
+    return session
+
+
+def request_of(messages: list[Message]) -> ChatRequest:
+    """The request the server would parse from an agent's body."""
+    return parse_chat_request(orjson.dumps({"model": "m", "messages": messages}))
+
+
+@dataclass
+class Model:
+    """A model that samples the template's own tokens for a text answer."""
+
+    tokenizer: ChatTokenizer
+    words: int
+    sampled: int = 0
+
+    def answer(self, messages: list[Message]) -> tuple[Message, WorkerAnswer]:
+        self.sampled += 1
+        n = self.sampled
+        text = f"Step {n}: " + " ".join(WORDS[(n * 7 + i) % len(WORDS)] for i in range(self.words))
+        message: Message = {"role": "assistant", "content": text}
+        ids = answer_ids(self.tokenizer, messages, message, tools=None, kwargs={})
+        return message, WorkerAnswer(
+            ids=np.asarray(ids, np.int32),
+            logprobs=np.full(len(ids), -0.5, np.float32),
+            content=text,
+            tool_calls=[],
+            reasoning_content=None,
+            finish_reason="stop",
+            cached_tokens=None,
+            weight_version=None,
+            model=None,
+        )
+
+
+@dataclass
+class Undo:
+    """A session's state before a commit (what the session store keeps to
+    undo a commit the journal refused), restored after each timed commit."""
+
+    trajectory: Checkpoint
+    current: Segment
+    sealed: int
+
+    @classmethod
+    def of(cls, session: Session) -> Undo:
+        keep = len(session.trajectory.turns)
+        return cls(session.trajectory.checkpoint(keep), session.current, len(session.earlier))
+
+    def apply(self, session: Session) -> None:
+        if len(session.earlier) > self.sealed:
+            session.reopen_segment(session.earlier[-1])
+        session.trajectory.undo(self.trajectory)
+        session.conversation = self.current.conversation
+        session.tools = self.current.tools
+        session.template_kwargs = self.current.template_kwargs
+
+
+@dataclass
+class Timed:
+    """One side of a comparison: a session and the request it is timed on."""
+
+    session: Session
+    request: ChatRequest
+    answer: WorkerAnswer
+    plan_s: list[float]
+    commit_s: list[float]
+    total_s: list[float]
+    plan: TurnPlan | None = None
+
+    def run(self, tokenizer: ChatTokenizer, policy: TurnPolicy) -> None:
+        session = self.session
+        undo = Undo.of(session)
+        slot = session.slot
+        assert slot is not None
+        started = time.process_time()
+        plan = plan_turn(session, self.request, tokenizer, policy)
+        planned = time.process_time()
+        commit_turn(session, slot, plan, self.answer, REPLY, 1.0)
+        done = time.process_time()
+        undo.apply(session)
+        self.plan = plan
+        self.plan_s.append(planned - started)
+        self.commit_s.append(done - planned)
+        self.total_s.append(done - started)
+
+
+def timed(session: Session, request: ChatRequest, answer: WorkerAnswer) -> Timed:
+    return Timed(session, request, answer, [], [], [])
+
+
+def alternate(
+    sides: list[Timed], tokenizer: ChatTokenizer, policy: TurnPolicy, repeats: int
+) -> None:
+    """Run every side once per repeat, always in the same cycle: each side
+    runs right after the same other side every time. (Reversing the order
+    every other repeat would run the sides at the ends twice in a row, with
+    their data still in the CPU caches.)"""
+    for _ in range(repeats):
+        for side in sides:
+            side.run(tokenizer, policy)
+
+
+def median_ms(values: list[float]) -> float:
+    return ms(statistics.median(values))
+
+
+def commit(
+    session: Session,
+    request: ChatRequest,
+    answer: WorkerAnswer,
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+) -> TurnPlan:
+    """A real turn: plan and commit, kept."""
+    plan = plan_turn(session, request, tokenizer, policy)
+    assert session.slot is not None
+    commit_turn(session, session.slot, plan, answer, REPLY, 1.0)
+    return plan
+
+
+def user_message(turn: int, words: int) -> Message:
+    return {"role": "user", "content": tool_result(turn, words)}
+
+
+def build_earlier_segments(
+    sessions: list[Session],
+    model: Model,
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+    segments: int,
+    turns: int,
+    words: int,
+) -> None:
+    """`segments` segments of `turns` turns in each of `sessions` (the same
+    turns), each segment but the first started by a compacted history (a
+    request that keeps only the system prompt and a summary: history_edited)."""
+    for segment in range(segments):
+        messages: list[Message] = [
+            SYSTEM,
+            {"role": "user", "content": f"Part {segment} of the work so far, summarised. {TASK}"},
+        ]
+        for turn in range(1, turns + 1):
+            answer, sampled = model.answer(messages)
+            request = request_of(messages)
+            for session in sessions:
+                plan = commit(session, request, sampled, tokenizer, policy)
+                if turn == 1 and segment:
+                    assert plan.branch is not None, "a compacted history starts a segment"
+            messages = [*messages, answer, user_message(1000 * segment + turn, words)]
+    for session in sessions:
+        assert len(session.earlier) == max(segments - 1, 0)
+
+
+def main(args: argparse.Namespace) -> None:
+    print(
+        f"{load_average()}; CPU time (process_time), median of {args.repeats}; "
+        f"{args.user_words}-word user messages, {args.answer_words}-word answers"
+    )
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(tokenizer_path(), "chatml")
+    policy = TurnPolicy.of(Settings(workers=("http://worker",)))
+    model = Model(tokenizer, args.answer_words)
+    # A (earlier segments) and B (none) take the same turns up to --turns,
+    # timed on the --show turns; A2 and B2 stop after turn 1, so that turn 2
+    # is timed again next to turn --turns at the end. C takes the same turns
+    # too and is where measurement 1 starts segments.
+    a, b = new_session("A"), new_session("B")
+    a2, b2 = new_session("A2"), new_session("B2")
+    c = new_session("C")
+    build_earlier_segments(
+        [a, a2], model, tokenizer, policy, args.segments, args.segment_turns, args.user_words
+    )
+    # What `serve` does once start-up is done: long-lived objects out of
+    # every later collection.
+    gc.collect()
+    gc.freeze()
+
+    start_rows: list[dict[str, Any]] = []
+    extend_rows: list[dict[str, Any]] = []
+    at: dict[int, tuple[ChatRequest, WorkerAnswer]] = {}
+    messages: list[Message] = [SYSTEM, {"role": "user", "content": TASK}]
+    for turn in range(1, max(args.turns, *args.sizes) + 1):
+        answer, sampled = model.answer(messages)
+        request = request_of(messages)
+        at[turn] = request, sampled
+        if turn <= args.turns and (turn in args.show or turn == args.turns):
+            extend_rows.append(extension(a, b, turn, request, sampled, tokenizer, policy, args))
+            print(table(extend_rows[-1:], EXTEND_COLUMNS), flush=True)
+        for session in (a, b) if turn < args.turns else ():
+            commit(session, request, sampled, tokenizer, policy)
+        for session in (a2, b2) if turn == 1 else ():
+            commit(session, request, sampled, tokenizer, policy)
+        commit(c, request, sampled, tokenizer, policy)
+        if turn in args.sizes:
+            start_rows.append(segment_start(c, messages, turn, model, tokenizer, policy, args))
+            print(table(start_rows[-1:], START_COLUMNS), flush=True)
+        messages = [*messages, answer, user_message(turn, args.user_words)]
+
+    # The target's two turns again, side by side: turn 2 of A2 and B2, turn
+    # --turns of A and B, the four taking turns within every repeat.
+    second, end = at[2], at[args.turns]
+    sides = {
+        ("A", 2): timed(a2, *second),
+        ("A", args.turns): timed(a, *end),
+        ("B", 2): timed(b2, *second),
+        ("B", args.turns): timed(b, *end),
+    }
+    alternate(list(sides.values()), tokenizer, policy, args.final_repeats)
+    ratio_rows: list[dict[str, Any]] = []
+    for name, label in (("A", f"A: {len(a.earlier)} earlier segments"), ("B", "B: none")):
+        early, late = sides[name, 2], sides[name, args.turns]
+        ratio_rows.append(
+            {
+                "session": label,
+                "turn 2 plan": median_ms(early.plan_s),
+                "turn 2 total": median_ms(early.total_s),
+                f"turn {args.turns} plan": median_ms(late.plan_s),
+                f"turn {args.turns} total": median_ms(late.total_s),
+                "plan ×": median_ms(late.plan_s) / median_ms(early.plan_s),
+                "total ×": median_ms(late.total_s) / median_ms(early.total_s),
+            }
+        )
+
+    # The sessions measured are the real thing: A's current segment took B's
+    # turns, and C's ids are the full render of its last request.
+    same = np.array_equal(a.trajectory.tokens.ids, b.trajectory.tokens.ids)
+    final = c.trajectory.turns[-1]
+    stored = c.trajectory.tokens.ids[: final.completion_start]
+    previous = c.conversation.messages()[: final.messages_end - 1]
+    rendered = tokenizer.first_turn(previous, tools=None, kwargs={})
+    tito = np.array_equal(stored, np.asarray(rendered, np.int32))
+    took_s = time.perf_counter() - started
+
+    print()
+    print(load_average())
+    print(
+        "\n1. Starting a segment (C after K turns, its last answer dropped) vs a first turn "
+        f"of the same messages (ms CPU, median of {args.repeats})"
+    )
+    print(table(start_rows, START_COLUMNS))
+    worst = max(r["× first turn"] for r in start_rows)
+    start_met = worst <= 1.1
+    print(f"target: start ≤ 1.1× first turn: worst {worst:.3f}× → {verdict(start_met)}")
+    print(
+        f"\n2. Extension per turn, A: {len(a.earlier)} earlier segments of "
+        f"{args.segment_turns} turns, B: none (ms CPU, median of {args.repeats})"
+    )
+    print(table(extend_rows, EXTEND_COLUMNS))
+    print(f"\nTurn {args.turns} vs turn 2, side by side (ms CPU, median of {args.final_repeats})")
+    print(table(ratio_rows))
+    with_ratio, without_ratio = (r["total ×"] for r in ratio_rows)
+    extend_met = with_ratio <= 1.5
+    present = median_ms(sides["A", args.turns].total_s) / median_ms(sides["B", args.turns].total_s)
+    print(f"turn {args.turns} with segments present / without: {present:.3f}×")
+    print(
+        f"target: turn {args.turns} ≤ 1.5× turn 2 with segments present: {with_ratio:.3f}× → "
+        f"{verdict(extend_met)} (without: {without_ratio:.3f}×, "
+        f"{verdict(without_ratio <= 1.5)})"
+    )
+    print(f"A's current segment ids == B's: {same}; C's ids == render of its last request: {tito}")
+    print(f"({took_s:.0f} s)")
+    write_json(
+        args.json,
+        {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "load": load_average(),
+            "start_rows": start_rows,
+            "extend_rows": extend_rows,
+            "ratio_rows": ratio_rows,
+            "segments_present_over_none": present,
+            "targets_met": {"start": start_met, "extend": extend_met},
+            "checks": {"same_ids": bool(same), "tito": bool(tito)},
+        },
+    )
+    if not (same and tito):
+        raise SystemExit("the sessions measured are not what the template renders")
+
+
+def extension(
+    a: Session,
+    b: Session,
+    turn: int,
+    request: ChatRequest,
+    sampled: WorkerAnswer,
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """The same turn timed on A (segments present) and B (none)."""
+    with_segments, without = timed(a, request, sampled), timed(b, request, sampled)
+    alternate([with_segments, without], tokenizer, policy, args.repeats)
+    assert with_segments.plan is not None and without.plan is not None
+    # A's turn 1 starts its current segment; B's is the session's first.
+    expected = Divergence.HISTORY_EDITED if turn == 1 and a.earlier else None
+    branch = with_segments.plan.branch
+    assert (branch.reason if branch else None) is expected, branch
+    assert with_segments.plan.prompt_ids == without.plan.prompt_ids
+    return {
+        "turn": turn,
+        "history tokens": len(b.trajectory),
+        "new tokens": len(without.plan.prompt_ids),
+        "A plan": median_ms(with_segments.plan_s),
+        "A commit": median_ms(with_segments.commit_s),
+        "A total": median_ms(with_segments.total_s),
+        "B plan": median_ms(without.plan_s),
+        "B commit": median_ms(without.commit_s),
+        "B total": median_ms(without.total_s),
+    }
+
+
+def segment_start(
+    session: Session,
+    messages: list[Message],
+    turns: int,
+    model: Model,
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """`session` has `turns` turns and last answered `messages`: the agent
+    drops that answer and nudges (a new segment), against a fresh session
+    sent the same messages first."""
+    dropped = [*messages, NUDGE]
+    request = request_of(dropped)
+    _, sampled = model.answer(dropped)
+    start = timed(session, request, sampled)
+    first = timed(new_session("fresh"), request, sampled)
+    alternate([start, first], tokenizer, policy, args.repeats)
+    assert start.plan is not None and first.plan is not None
+    assert start.plan.branch is not None
+    assert start.plan.branch.reason is Divergence.ANSWER_DROPPED, start.plan.branch
+    assert first.plan.branch is None and start.plan.prompt_ids == first.plan.prompt_ids
+    row = {
+        "history turns": turns,
+        "history tokens": len(session.trajectory),
+        "prompt tokens": len(first.plan.prompt_ids),
+        "start plan": median_ms(start.plan_s),
+        "start commit": median_ms(start.commit_s),
+        "start total": median_ms(start.total_s),
+        "first plan": median_ms(first.plan_s),
+        "first commit": median_ms(first.commit_s),
+        "first total": median_ms(first.total_s),
+    }
+    row["× first turn"] = row["start total"] / row["first total"]
+    return row
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+START_COLUMNS = [
+    "history turns",
+    "history tokens",
+    "prompt tokens",
+    "start plan",
+    "start commit",
+    "start total",
+    "first plan",
+    "first commit",
+    "first total",
+    "× first turn",
+]
+EXTEND_COLUMNS = [
+    "turn",
+    "history tokens",
+    "new tokens",
+    "A plan",
+    "A commit",
+    "A total",
+    "B plan",
+    "B commit",
+    "B total",
+]
+
+
+def int_set(text: str) -> set[int]:
+    return {int(x) for x in text.split(",")}
+
+
+if __name__ == "__main__":
+    parser = bench_parser(__doc__)
+    parser.add_argument(
+        "--sizes", type=int_set, default={8, 32, 128}, help="history turns of measurement 1"
+    )
+    parser.add_argument("--turns", type=int, default=128, help="current-segment turns (2.)")
+    parser.add_argument("--segments", type=int, default=4, help="earlier segments of A (2.)")
+    parser.add_argument("--segment-turns", type=int, default=32, help="turns of each (2.)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs per figure (median)")
+    parser.add_argument(
+        "--final-repeats", type=int, default=45, help="timed runs of turn 2 vs the last (median)"
+    )
+    parser.add_argument("--user-words", type=int, default=240)
+    parser.add_argument("--answer-words", type=int, default=40)
+    parser.add_argument(
+        "--show",
+        type=int_set,
+        default={1, 2, 4, 8, 16, 32, 64, 96, 128},
+        help="turns of measurement 2 that are timed and printed",
+    )
+    parser.add_argument("--json", type=Path)
+    main(parser.parse_args())
