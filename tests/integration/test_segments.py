@@ -210,9 +210,10 @@ async def test_compacted_history_starts_a_segment(stack: Stack) -> None:
 async def test_an_appended_system_or_developer_message(
     stack: Stack, role: str, segments: int
 ) -> None:
-    """pydantic-ai appends a system message after an empty answer. ChatML
-    renders a system message in place (the start-up check says so): the
-    segment goes on. It drops a developer message: a new segment."""
+    """An agent appends a system reminder after the answer (a pydantic-ai
+    `SystemPromptPart` in its history). ChatML renders a system message in
+    place (the start-up check says so): the segment goes on. It drops a
+    developer message: a new segment."""
     session_id, agent = await episode(stack)
     messages, answer = await first_answer(agent)
     reminder = {"role": role, "content": "Answer with a tool call."}
