@@ -32,6 +32,7 @@ from .offload import Offload
 from .prompt.check import Outcome, check_template, in_place_roles, startup_problems
 from .routes import register_routes
 from .served_model import ServedModel
+from .session_routing import SessionRouting
 from .session_store import SessionStore
 from .sessions import SessionRegistry
 from .tokenization import ChatTokenizer, load_tokenizer
@@ -139,6 +140,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         fast_route=chat_route(ctx),
         authorize=gate.check if gate is not None else None,
         max_body_bytes=settings.max_body_bytes,
+        sessions=SessionRouting(settings.session_header, settings.auto_create_sessions, ctx.store),
     )
     return app
 

@@ -14,12 +14,15 @@ Without ``--admin-api-key`` the trainer's key is also the operator's (one
 key, as before roles existed); without ``--api-key`` no route but the
 operator's needs a key, and sessions have no key of their own.
 
-A session's key is derived, never stored: HMAC-SHA256 of the session id
-under a secret that is itself derived from ``--api-key``. So a restart on the
-same key and journal gives every session the key it had, the server keeps no
-secret per session, and changing ``--api-key`` revokes every session's key.
-The key is bound to the id: a session created again under an id that was
-used before gets the same key.
+A session's key is derived, never stored: ``rs-<id>.<mac>``, the MAC being
+HMAC-SHA256 of the session id under a secret that is itself derived from
+``--api-key``. So a restart on the same key and journal gives every session
+the key it had, the server keeps no secret per session, and changing
+``--api-key`` revokes every session's key. The key is bound to the id: a
+session created again under an id that was used before gets the same key.
+The id in the key (ids are not secret: they are in every URL) lets the root
+model routes find the session from the key alone (`session_of_key`); the MAC
+is what proves it.
 
 Keys are compared in constant time (`hmac.compare_digest`). The header's
 scheme is case-insensitive (RFC 9110 §11.1): ``bearer KEY`` is accepted.
@@ -36,7 +39,7 @@ from collections.abc import Callable
 from .config import Settings
 from .errors import PermissionDenied, Unauthorized
 
-__all__ = ["Access", "Gate", "SessionKeys", "access_of", "bearer_credential"]
+__all__ = ["Access", "Gate", "SessionKeys", "access_of", "bearer_credential", "session_of_key"]
 
 _SESSIONS = "/sessions/"
 _MODEL_ROUTES = "/v1/"
@@ -45,6 +48,8 @@ _OPERATOR_PATHS = ("/workers", "/admin", "/metrics")
 # anything else the same way. Changing it would revoke every session's key.
 _SESSION_KEY_LABEL = b"rollout-session session key v1"
 _SESSION_KEY_PREFIX = "rs-"
+# Between the id and the MAC: never in a MAC (base64url), last in the key.
+_SESSION_KEY_SEPARATOR = "."
 _UNAUTHORIZED = "missing or wrong API key (Authorization: Bearer <key>)"
 _WRONG_SESSION = (
     "missing or wrong API key (Authorization: Bearer <key>); "
@@ -114,7 +119,18 @@ class SessionKeys:
     def key(self, session_id: str) -> str:
         mac = self._mac.copy()
         mac.update(session_id.encode())
-        return _SESSION_KEY_PREFIX + base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode()
+        digest = base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode()
+        return f"{_SESSION_KEY_PREFIX}{session_id}{_SESSION_KEY_SEPARATOR}{digest}"
+
+
+def session_of_key(credential: bytes) -> str | None:
+    """The session a session's key names (not checked: the gate checks the
+    key against that session's routes), or None for any other credential."""
+    text = credential.decode("latin-1")
+    if not text.startswith(_SESSION_KEY_PREFIX):
+        return None
+    session_id, separator, _ = text[len(_SESSION_KEY_PREFIX) :].rpartition(_SESSION_KEY_SEPARATOR)
+    return session_id if separator and session_id else None
 
 
 class Gate:

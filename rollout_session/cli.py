@@ -68,6 +68,7 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--max-rollback-turns", "max_rollback_turns", int, "turns --on-divergence rollback drops"),
     ("--prompt-mode", "prompt_mode", str, "tito (token-in/token-out) or render (whole request)"),
     ("--max-segments", "max_segments", int, "segments per session; more → 400"),
+    ("--session-header", "session_header", str, "header naming the session on /v1 at the root"),
     ("--context-length", "context_length", int, "model context (default: from worker)"),
     ("--upstream-timeout-s", "upstream_timeout_s", float, "whole-turn worker timeout"),
     ("--connect-timeout-s", "connect_timeout_s", float, "worker connect timeout"),
@@ -154,6 +155,12 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
         help="record MoE routed experts per token (R3), asking only for new positions",
     )
     parser.add_argument(
+        "--auto-create-sessions",
+        action="store_true",
+        default=_env_default(env, "auto_create_sessions", _bool, False),
+        help="a root /v1 request naming a session id never held creates that session",
+    )
+    parser.add_argument(
         "--demo",
         action="store_true",
         default=_env_default(env, "demo", _bool, False),
@@ -178,6 +185,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         demo_reasoning=args.demo_reasoning,
         sglang_session_cache=args.sglang_session_cache,
         routed_experts=args.routed_experts,
+        auto_create_sessions=args.auto_create_sessions,
     )
 
 

@@ -54,6 +54,10 @@ class Settings:
     max_rollback_turns: int = 1
     # How later turns' prompts are built (segments.PromptMode): tito or render.
     prompt_mode: str = "tito"
+    # The header that names a session on the root model routes (/v1/…).
+    session_header: str = "X-Session-ID"
+    # A root model request naming an id never held creates that session.
+    auto_create_sessions: bool = False
     # Segments per session: each holds up to a context of tokens, so this
     # bounds a session's memory (docs/reliability.md).
     max_segments: int = 1000
@@ -202,6 +206,12 @@ class Settings:
             raise ValueError("context_length must be >= 1")
         if not self.demo and not self.workers:
             raise ValueError("at least one worker URL is required (or demo mode)")
+        if (
+            not self.session_header
+            or not self.session_header.isascii()
+            or any(c in self.session_header for c in ' \t:()<>@,;\\"/[]?={}')
+        ):
+            raise ValueError(f"session_header {self.session_header!r} is not a header name")
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError(f"unknown log level {self.log_level!r}")
 

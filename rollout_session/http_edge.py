@@ -4,8 +4,10 @@
 Quart's and the fast chat route alike, it owns:
 
 - **the route**: the path below the ASGI ``root_path`` (stripped as Quart
-  strips it), matched against the fast route, then Quart's URL map; an
-  unknown path is 404 ``not_found``, another method 405
+  strips it); a root model route naming a session (``session_routing``)
+  becomes that session's route, for everything after; then the fast route,
+  then Quart's URL map; an unknown path is 404 ``not_found`` (naming the
+  model routes for a ``/v1/`` path), another method 405
   ``method_not_allowed`` (with ``Allow``);
 - **the request's framing**: a request carrying both ``Content-Length`` and
   ``Transfer-Encoding`` is refused (400) and its connection closed after its
@@ -45,9 +47,10 @@ handler.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import trio
 from hypercorn.typing import (
@@ -72,6 +75,9 @@ from .errors import (
     RolloutSessionError,
     RouteNotFound,
 )
+
+if TYPE_CHECKING:
+    from .session_routing import SessionRouting
 
 __all__ = [
     "BODY_TIMEOUT_S",
@@ -189,12 +195,14 @@ class HttpEdge:
         fast_route: FastRoute,
         authorize: Callable[[str, str | None, bytes], None] | None,
         max_body_bytes: int,
+        sessions: SessionRouting | None = None,
     ) -> None:
         self._app = app
         self._routes = routes
         self._fast = fast_route
         self._authorize = authorize
         self._limit = max_body_bytes
+        self._sessions = sessions
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -209,7 +217,10 @@ class HttpEdge:
             await self._refuse(scope, receive, send, refusal, close=True)
             return
         try:
+            scope, session_id = self._to_session(scope)
             fast_arg = self._resolve(scope)
+            if session_id is not None and self._sessions is not None:
+                await self._sessions.ensure(session_id, scope["headers"])
         except RolloutSessionError as refusal:
             await self._refuse(scope, receive, send, refusal)
             return
@@ -224,6 +235,20 @@ class HttpEdge:
             await self._app(scope, _replay(body, receive), send)
         else:
             await self._serve_fast(fast_arg, body, receive, send)
+
+    def _to_session(self, scope: HTTPScope) -> tuple[HTTPScope, str | None]:
+        """A root model request naming a session, as that session's request
+        (its path rewritten), and the session's id; any other unchanged."""
+        path = route_path(scope)
+        routed = None
+        if self._sessions is not None and path is not None:
+            routed = self._sessions.route(path, scope["headers"])
+        if routed is None:
+            return scope, None
+        session_path, session_id = routed
+        full = scope.get("root_path", "") + session_path
+        rewritten: HTTPScope = {**scope, "path": full, "raw_path": full.encode()}
+        return rewritten, session_id
 
     def _resolve(self, scope: HTTPScope) -> str | None:
         """Check the key, then the route: the fast route's argument, or None
@@ -246,7 +271,7 @@ class HttpEdge:
         except RequestRedirect:
             pass  # Quart answers it (a slash to add or merge)
         except NotFound:
-            raise RouteNotFound("no such route") from None
+            raise _not_found(path) from None
         except WerkzeugMethodNotAllowed as exc:
             raise MethodNotAllowed(
                 "method not allowed on this route", allowed=exc.valid_methods or []
@@ -312,6 +337,34 @@ class HttpEdge:
                 response = error_response(exc)
             await send_response(send, response)
             nursery.cancel_scope.cancel()
+
+
+# The model routes, for the 404 of a model path that is none of them.
+_MODEL_ROUTES = "GET /v1/models, POST /v1/chat/completions"
+_SESSION_MODEL = re.compile(r"/sessions/[^/]+/v1/")
+
+
+def _not_found(path: str) -> RouteNotFound:
+    """404 for `path`; for a model path (``/v1/…``, ``/sessions/{id}/v1/…``)
+    it says which model routes exist, and how to reach them."""
+    if not (path.startswith("/v1/") or _SESSION_MODEL.match(path)):
+        return RouteNotFound("no such route")
+    hint = (
+        f"no such model route: {path}. A session serves {_MODEL_ROUTES}, under "
+        "/sessions/{id}/v1 or at /v1 with the session named by its header "
+        "(X-Session-ID by default) or by the session's own key"
+    )
+    if path.endswith("/responses"):
+        hint += (
+            ". The Responses API is not served: switch the client to chat "
+            "completions (OpenAI Agents SDK: set_default_openai_api('chat_completions') "
+            "or OpenAIChatCompletionsModel; LangChain: ChatOpenAI(use_responses_api=False))"
+        )
+    elif path.endswith("/messages"):
+        hint += ". The Anthropic Messages API is not served: use an OpenAI chat-completions client"
+    elif path.startswith("/v1/"):
+        hint += "; this request named no session"
+    return RouteNotFound(hint)
 
 
 def _ambiguous_framing(headers: Iterable[tuple[bytes, bytes]]) -> bool:

@@ -182,9 +182,7 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
         session = await store.close(session_id)
         return await document(session, "closed", view, include)
 
-    @app.get("/sessions/<session_id>/v1/models")
-    async def list_models(session_id: str) -> Response:
-        registry.get(session_id)
+    async def models() -> Response:
         # At once once a worker passed admission (the card is kept after);
         # 503 no_healthy_worker until then.
         info = await ctx.pool.model_info()
@@ -202,3 +200,14 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
                 ],
             }
         )
+
+    @app.get("/sessions/<session_id>/v1/models")
+    async def list_models(session_id: str) -> Response:
+        registry.get(session_id)
+        return await models()
+
+    @app.get("/v1/models")
+    async def list_models_at_root() -> Response:
+        """The served model, for a client at the root naming no session (a
+        request naming one is that session's, session_routing.py)."""
+        return await models()

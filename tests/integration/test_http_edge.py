@@ -48,6 +48,9 @@ class Route:
     method: str
     rule: str  # as registered (Quart's URL map), or the chat route's
     access: Access = Access.TRAINER  # which keys reach it (auth.Access)
+    # A root model route: a session's key reaches its own session's route
+    # through it (session_routing.py), so every key does.
+    any_key: bool = False
 
     @property
     def path(self) -> str:
@@ -82,6 +85,7 @@ ROUTES = [
     Route("DELETE", "/sessions/<session_id>"),
     Route("GET", "/sessions/<session_id>/trajectory"),
     Route("GET", "/sessions/<session_id>/v1/models", Access.MODEL),
+    Route("GET", "/v1/models", any_key=True),
     CHAT,
     Route("GET", "/sessions/<session_id>/diff"),
     Route("GET", "/workers", Access.OPERATOR),
@@ -217,6 +221,8 @@ async def test_every_route_at_the_edge(keyed: Keyed, route: Route) -> None:
             headers = keyed.headers[holder]
             response = await head_then_body(conn, "PATCH", route.path, headers, BODY)
             refused = REFUSED.get((holder, route.other_method_access), 0)
+            if route.any_key:
+                refused = 401 if holder == "none" else 0
             if refused:
                 assert response.status == refused, (holder, response.body)
                 code = b"unauthorized" if refused == 401 else b"permission_denied"

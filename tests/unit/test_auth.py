@@ -7,7 +7,14 @@ import pytest
 
 from rollout_session import Settings
 from rollout_session.app import is_public
-from rollout_session.auth import Access, Gate, SessionKeys, access_of, bearer_credential
+from rollout_session.auth import (
+    Access,
+    Gate,
+    SessionKeys,
+    access_of,
+    bearer_credential,
+    session_of_key,
+)
 from rollout_session.errors import PermissionDenied, Unauthorized
 
 WORKERS = ("http://127.0.0.1:9",)
@@ -69,8 +76,25 @@ def test_session_keys_are_per_session_per_trainer_key_and_stable() -> None:
     assert keys.key("a") == SessionKeys("trainer").key("a")  # a restart: the same
     assert keys.key("a") != keys.key("b")
     assert keys.key("a") != SessionKeys("rotated").key("a")
-    assert keys.key("a").startswith("rs-") and "trainer" not in keys.key("a")
-    assert len(keys.key("a")) == 3 + 43  # base64url of 32 bytes, unpadded
+    assert keys.key("a").startswith("rs-a.") and "trainer" not in keys.key("a")
+    assert len(keys.key("a")) == len("rs-a.") + 43  # base64url of 32 bytes, unpadded
+
+
+@pytest.mark.parametrize(
+    ("credential", "session_id"),
+    [
+        (SessionKeys("t").key("a.b:c-1"), "a.b:c-1"),  # ids may hold dots: the last one splits
+        (b"rs-x.mac", "x"),
+        (b"trainer-key", None),
+        (b"rs-", None),
+        (b"rs-.mac", None),
+        (b"rs-nodot", None),
+    ],
+    ids=["dotted-id", "shape", "other-key", "prefix-only", "no-id", "no-mac"],
+)
+def test_the_session_a_key_names(credential: str | bytes, session_id: str | None) -> None:
+    raw = credential.encode() if isinstance(credential, str) else credential
+    assert session_of_key(raw) == session_id
 
 
 def gate(**keys: str) -> Gate:
