@@ -30,6 +30,7 @@ from .lifecycle import PauseGate, reap_forever
 from .metrics import Metrics
 from .offload import Offload
 from .prompt.check import Outcome, check_template, in_place_roles, startup_problems
+from .responses_route import responses_route
 from .routes import register_routes
 from .served_model import ServedModel
 from .session_routing import SessionRouting
@@ -137,7 +138,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     app.asgi_app = HttpEdge(  # type: ignore[method-assign]
         app.asgi_app,
         routes=app.url_map.bind("localhost"),
-        fast_route=chat_route(ctx),
+        fast_routes=[chat_route(ctx), responses_route(ctx)],
         authorize=gate.check if gate is not None else None,
         max_body_bytes=settings.max_body_bytes,
         sessions=SessionRouting(settings.session_header, settings.auto_create_sessions, ctx.store),

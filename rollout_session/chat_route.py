@@ -13,8 +13,9 @@ from __future__ import annotations
 from .context import ServerContext
 from .http_edge import FastRoute, Headers, RawResponse
 from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS, sse_body
+from .upstream import UpstreamReply
 
-__all__ = ["chat_route", "chat_session_id"]
+__all__ = ["chat_route", "chat_session_id", "passthrough"]
 
 _PREFIX = "/sessions/"
 _SUFFIX = "/v1/chat/completions"
@@ -47,9 +48,14 @@ def chat_route(ctx: ServerContext) -> FastRoute:
         if reply.status == 200 and outcome.stream is not None:
             events = await ctx.offload.run(len(reply.body), sse_body, reply.body, outcome.stream)
             return RawResponse(200, list(_SSE_HEADERS), events)
-        content_type = next((v for k, v in reply.headers if k == b"content-type"), _JSON)
-        headers = [(k, v) for k, v in reply.headers if k != b"content-type"]
-        headers.append((b"content-type", content_type))
-        return RawResponse(reply.status, headers, reply.body)
+        return passthrough(reply)
 
     return FastRoute(method="POST", match=chat_session_id, handle=handle)
+
+
+def passthrough(reply: UpstreamReply) -> RawResponse:
+    """The worker's answer as it came (its status, headers and body)."""
+    content_type = next((v for k, v in reply.headers if k == b"content-type"), _JSON)
+    headers = [(k, v) for k, v in reply.headers if k != b"content-type"]
+    headers.append((b"content-type", content_type))
+    return RawResponse(reply.status, headers, reply.body)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -192,14 +192,14 @@ class HttpEdge:
         app: ASGIFramework,
         *,
         routes: MapAdapter,
-        fast_route: FastRoute,
+        fast_routes: Sequence[FastRoute],
         authorize: Callable[[str, str | None, bytes], None] | None,
         max_body_bytes: int,
         sessions: SessionRouting | None = None,
     ) -> None:
         self._app = app
         self._routes = routes
-        self._fast = fast_route
+        self._fast = tuple(fast_routes)
         self._authorize = authorize
         self._limit = max_body_bytes
         self._sessions = sessions
@@ -218,7 +218,7 @@ class HttpEdge:
             return
         try:
             scope, session_id = self._to_session(scope)
-            fast_arg = self._resolve(scope)
+            fast = self._resolve(scope)
             if session_id is not None and self._sessions is not None:
                 await self._sessions.ensure(session_id, scope["headers"])
         except RolloutSessionError as refusal:
@@ -231,10 +231,10 @@ class HttpEdge:
         except RolloutSessionError as error:
             await send_response(send, _closing(error_response(error)))
             return
-        if fast_arg is None:
+        if fast is None:
             await self._app(scope, _replay(body, receive), send)
         else:
-            await self._serve_fast(fast_arg, body, receive, send)
+            await self._serve_fast(*fast, body, receive, send)
 
     def _to_session(self, scope: HTTPScope) -> tuple[HTTPScope, str | None]:
         """A root model request naming a session, as that session's request
@@ -250,22 +250,23 @@ class HttpEdge:
         rewritten: HTTPScope = {**scope, "path": full, "raw_path": full.encode()}
         return rewritten, session_id
 
-    def _resolve(self, scope: HTTPScope) -> str | None:
-        """Check the key, then the route: the fast route's argument, or None
-        for Quart's routes. Raises the error to answer with."""
+    def _resolve(self, scope: HTTPScope) -> tuple[FastRoute, str] | None:
+        """Check the key, then the route: the fast route and its argument, or
+        None for Quart's routes. Raises the error to answer with."""
         method = scope["method"]
         path = route_path(scope)
         if self._authorize is not None:
             self._authorize(method, path, _header(scope["headers"], b"authorization"))
         if path is None:
             raise RouteNotFound("no such route")
-        fast_arg = self._fast.match(path)
-        if fast_arg is not None:
-            if method != self._fast.method:
-                raise MethodNotAllowed(
-                    "method not allowed on this route", allowed=[self._fast.method]
-                )
-            return fast_arg
+        for fast in self._fast:
+            arg = fast.match(path)
+            if arg is not None:
+                if method != fast.method:
+                    raise MethodNotAllowed(
+                        "method not allowed on this route", allowed=[fast.method]
+                    )
+                return fast, arg
         try:
             self._routes.match(path, method)
         except RequestRedirect:
@@ -326,13 +327,18 @@ class HttpEdge:
         raise InvalidRequest(f"the request body did not arrive within {BODY_TIMEOUT_S} s")
 
     async def _serve_fast(
-        self, arg: str, body: bytes, receive: ASGIReceiveCallable, send: ASGISendCallable
+        self,
+        fast: FastRoute,
+        arg: str,
+        body: bytes,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
     ) -> None:
         async with trio.open_nursery() as nursery:
             # A disconnect cancels the handler, as Quart-Trio does for its own.
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:
-                response = await self._fast.handle(arg, body)
+                response = await fast.handle(arg, body)
             except Exception as exc:  # every failure gets the error body
                 response = error_response(exc)
             await send_response(send, response)
@@ -340,7 +346,7 @@ class HttpEdge:
 
 
 # The model routes, for the 404 of a model path that is none of them.
-_MODEL_ROUTES = "GET /v1/models, POST /v1/chat/completions"
+_MODEL_ROUTES = "GET /v1/models, POST /v1/chat/completions, POST /v1/responses"
 _SESSION_MODEL = re.compile(r"/sessions/[^/]+/v1/")
 
 
@@ -354,13 +360,7 @@ def _not_found(path: str) -> RouteNotFound:
         "/sessions/{id}/v1 or at /v1 with the session named by its header "
         "(X-Session-ID by default) or by the session's own key"
     )
-    if path.endswith("/responses"):
-        hint += (
-            ". The Responses API is not served: switch the client to chat "
-            "completions (OpenAI Agents SDK: set_default_openai_api('chat_completions') "
-            "or OpenAIChatCompletionsModel; LangChain: ChatOpenAI(use_responses_api=False))"
-        )
-    elif path.endswith("/messages"):
+    if path.endswith("/messages"):
         hint += ". The Anthropic Messages API is not served: use an OpenAI chat-completions client"
     elif path.startswith("/v1/"):
         hint += "; this request named no session"

@@ -35,6 +35,7 @@ from .served_model import ServedModel
 from .session_store import SessionStore
 from .sessions import Session, TurnSlot
 from .tokenization import ChatTokenizer
+from .trajectory import Turn
 from .turn_commit import TurnPlan
 from .turn_limits import check_prompt_floor, completion_budget
 from .turn_plan import TurnPolicy, plan_turn
@@ -102,6 +103,9 @@ _TOKENIZE_WEIGHT = 32
 class TurnOutcome:
     reply: UpstreamReply  # the worker's answer, passed through
     stream: StreamMode | None  # how the agent wants it: SSE, or None for JSON
+    # The turn committed, and the index of its segment (None: nothing was).
+    turn: Turn | None = None
+    segment: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,14 +213,14 @@ class TurnRunner:
             raise
         self.pool.report_success(reply.worker)
         # Returns once the turn is durable; the agent hears of it only then.
-        await self.store.commit(session, slot, plan, answer, reply, experts)
+        turn = await self.store.commit(session, slot, plan, answer, reply, experts)
         if plan.branch is not None:
             self._report_segment(session, plan.branch)
         elif plan.rollback is not None:
             self._report_rollback(session, plan.rollback)
         self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
         self.metrics.tokens.labels("sampled").inc(len(answer.ids))
-        return TurnOutcome(reply, request.stream_mode)
+        return TurnOutcome(reply, request.stream_mode, turn, len(session.earlier))
 
     def _report_rollback(self, session: Session, rollback: Rollback) -> None:
         # Never silent: the dropped turns' sampled tokens left the trajectory.

@@ -163,3 +163,49 @@ def test_every_sampled_token_is_exported(
         assert episode.retries == 0
     else:
         assert episode.segments > 1, server.log_tail()
+
+
+def test_the_default_mode_speaks_the_responses_api(server: DemoServer) -> None:
+    """The SDK's default model (Responses) runs a tool-using agent to the
+    end: every model call is one turn, and its output tokens are the
+    export's sampled tokens. (The Responses answer carries no token ids, so
+    the check is by count, not by id.)"""
+    from agents import OpenAIResponsesModel
+
+    answers: list[dict[str, Any]] = []
+
+    async def record(response: Any) -> None:
+        await response.aread()
+        if str(response.request.url).endswith("/responses"):
+            assert response.status_code == 200, response.content[:300]
+            answers.append(response.json())
+
+    async def run(base_url: str) -> None:
+        async with httpx2.AsyncClient(event_hooks={"response": [record]}) as http:
+            client = openai.AsyncOpenAI(
+                base_url=base_url, api_key="unused", http_client=http, max_retries=0
+            )
+            agent = Agent(
+                name="helper",
+                instructions="You help.",
+                tools=[get_weather, add],
+                model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+            )
+            history: list[Any] = []
+            for _ in range(2):
+                result = await Runner.run(
+                    agent, [*history, {"role": "user", "content": "The weather in Paris?"}]
+                )
+                history = result.to_input_list()
+
+    session_id, base_url = server.create_session(
+        {"framework": "openai-agents", "kind": "responses"}
+    )
+    asyncio.run(run(base_url))
+    doc = server.close_session(session_id)
+    turns = sum(len(s["turns"]) for s in doc["segments"])
+    sampled = sum(sum(s["loss_mask"]) for s in doc["segments"])
+    dropped = sum(r["dropped_tokens"] for r in doc["rollbacks"])
+    assert len(answers) >= 2
+    assert turns + sum(r["dropped_turns"] for r in doc["rollbacks"]) == len(answers)
+    assert sampled + dropped == sum(a["usage"]["output_tokens"] for a in answers)

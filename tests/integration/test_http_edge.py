@@ -76,6 +76,8 @@ class Route:
 
 
 CHAT = Route("POST", "/sessions/<session_id>/v1/chat/completions", Access.MODEL)
+RESPONSES = Route("POST", "/sessions/<session_id>/v1/responses", Access.MODEL)
+FAST = [CHAT, RESPONSES]  # served by the edge itself, not in Quart's URL map
 ROUTES = [
     Route("GET", "/health", Access.PUBLIC),
     Route("GET", "/ready", Access.PUBLIC),
@@ -87,6 +89,7 @@ ROUTES = [
     Route("GET", "/sessions/<session_id>/v1/models", Access.MODEL),
     Route("GET", "/v1/models", any_key=True),
     CHAT,
+    RESPONSES,
     Route("GET", "/sessions/<session_id>/diff"),
     Route("GET", "/workers", Access.OPERATOR),
     Route("POST", "/workers", Access.OPERATOR),
@@ -198,7 +201,7 @@ def test_the_walk_covers_every_route() -> None:
         for method in rule.methods or ()
         if method not in ("HEAD", "OPTIONS")
     }
-    assert {(r.method, r.rule) for r in ROUTES} == registered | {(CHAT.method, CHAT.rule)}
+    assert {(r.method, r.rule) for r in ROUTES} == registered | {(r.method, r.rule) for r in FAST}
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[r.id for r in ROUTES])
@@ -255,13 +258,13 @@ async def test_every_route_at_the_edge(keyed: Keyed, route: Route) -> None:
 @pytest.mark.parametrize(
     ("method", "path"),
     [
-        ("POST", "/v1/responses"),
-        ("POST", f"/sessions/{SID}/v1/responses"),
+        ("POST", "/v1/responses"),  # names no session
+        ("POST", f"/sessions/{SID}/v1/messages"),
         ("POST", f"/sessions/{SID}/v1/chat/completions/"),
         ("POST", f"/sessions/{SID}/x/v1/chat/completions"),
         ("GET", "/ui/missing.js"),
     ],
-    ids=["responses-api", "session-responses-api", "chat-slash", "chat-two-segments", "ui-asset"],
+    ids=["root-no-session", "session-messages-api", "chat-slash", "chat-two-segments", "ui-asset"],
 )
 async def test_unknown_paths_are_404_and_the_connection_kept(
     keyed: Keyed, method: str, path: str

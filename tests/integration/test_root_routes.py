@@ -205,12 +205,11 @@ async def test_models_at_the_root(make_stack: StackFactory) -> None:
 @pytest.mark.parametrize(
     ("path", "hint"),
     [
-        ("/v1/responses", "set_default_openai_api('chat_completions')"),
-        ("/sessions/{id}/v1/responses", "use_responses_api=False"),
         ("/v1/messages", "Anthropic Messages API is not served"),
-        ("/sessions/{id}/v1/embeddings", "POST /v1/chat/completions"),
+        ("/sessions/{id}/v1/embeddings", "POST /v1/responses"),
+        ("/v1/embeddings", "POST /v1/chat/completions"),
     ],
-    ids=["root-responses", "session-responses", "root-messages", "session-other"],
+    ids=["root-messages", "session-other", "root-other"],
 )
 async def test_an_unknown_model_route_is_404_naming_the_routes(
     stack: Stack, path: str, hint: str
@@ -222,4 +221,4 @@ async def test_an_unknown_model_route_is_404_naming_the_routes(
     assert response.status_code == 404
     error = response.json()["error"]
     assert error["code"] == "not_found" and hint in error["message"]
-    assert "GET /v1/models, POST /v1/chat/completions" in error["message"]
+    assert "GET /v1/models, POST /v1/chat/completions, POST /v1/responses" in error["message"]

@@ -1,0 +1,70 @@
+"""The Responses route, ``POST /sessions/{id}/v1/responses``: a turn asked in
+the OpenAI Responses API (conversion: `openai_responses`).
+
+Served by the HTTP edge, like the chat route (chat_route.py): the edge has
+checked the key and read the body, and renders what this raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from .chat_route import passthrough
+from .context import ServerContext
+from .http_edge import FastRoute, Headers, RawResponse
+from .messages import Message
+from .openai_responses import (
+    chat_body,
+    parse_responses_request,
+    render_response,
+    response_events,
+    response_id,
+    turn_of_response,
+)
+from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS
+
+__all__ = ["responses_route", "responses_session_id"]
+
+_PREFIX = "/sessions/"
+_SUFFIX = "/v1/responses"
+_JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
+_SSE_HEADERS: Headers = [
+    (b"content-type", SSE_CONTENT_TYPE.encode()),
+    *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
+]
+
+
+def responses_session_id(path: str) -> str | None:
+    """The session id if `path` is the Responses route, else None."""
+    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
+        return None
+    session_id = path[len(_PREFIX) : len(path) - len(_SUFFIX)]
+    return session_id if session_id and "/" not in session_id else None
+
+
+def responses_route(ctx: ServerContext) -> FastRoute:
+    """The Responses route for the edge, bound to `ctx`."""
+
+    async def handle(session_id: str, body: bytes) -> RawResponse:
+        request = await ctx.offload.run(len(body), parse_responses_request, body)
+        history: Sequence[Message] = ()
+        previous = request.previous_response_id
+        if previous is not None:
+            # The session holds the conversation: the previous response's
+            # part of it comes first (O(history), once per request).
+            session = ctx.registry.get(session_id)
+            turn = turn_of_response(previous, len(session.earlier), session.trajectory.turns)
+            history = session.conversation.messages()[: turn.messages_end]
+        outcome = await ctx.turn_runner.run(session_id, chat_body(request, history))
+        if outcome.reply.status != 200 or outcome.turn is None:
+            return passthrough(outcome.reply)  # the worker's own error, as on the chat route
+        answer = orjson.loads(outcome.reply.body)
+        rid = response_id(outcome.segment, outcome.turn)
+        response = render_response(answer, request, rid, previous=previous)
+        if request.stream:
+            return RawResponse(200, list(_SSE_HEADERS), response_events(response))
+        return RawResponse(200, list(_JSON_HEADERS), orjson.dumps(response))
+
+    return FastRoute(method="POST", match=responses_session_id, handle=handle)
