@@ -84,10 +84,47 @@ def _maybe_valid(body: dict[str, Any]) -> bool:
     return ok_role and set(body) == {"messages"}
 
 
+# Responses bodies that look almost right: each carries a defect it cannot
+# be accepted with, whatever else Hypothesis puts in.
+response_item = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["message", "function_call", "function_call_output", "x"])
+        | json_value,
+        "role": json_value,
+        "content": json_value,
+        "call_id": json_value,
+        "name": json_value,
+        "arguments": json_value,
+        "output": json_value,
+    },
+)
+defect = st.one_of(
+    st.fixed_dictionaries({"tools": st.just([{"type": "web_search"}])}),
+    st.fixed_dictionaries({"background": st.just(True)}),
+    st.fixed_dictionaries({"previous_response_id": st.text(max_size=20) | json_value}),
+    st.fixed_dictionaries({"input": st.just([]) | st.integers() | st.just(None)}),
+    st.fixed_dictionaries({"stream": st.integers() | st.text(min_size=1)}),
+)
+almost_responses = st.tuples(
+    st.fixed_dictionaries(
+        {"input": st.lists(response_item, max_size=4) | json_value},
+        optional={
+            "instructions": json_value,
+            "tools": json_value,
+            "tool_choice": json_value,
+            "text": json_value,
+            "max_output_tokens": st.integers(max_value=0) | json_value,
+        },
+    ),
+    defect,
+).map(lambda pair: {**pair[0], **pair[1]})
+
 session_ids = st.sampled_from([PROTECTED, OTHER, "missing", "../etc", "a" * 300, "%00", "ü"])
 body = st.one_of(
     json_value.map(dumps),
     almost_chat.map(dumps),
+    almost_responses.map(dumps),
     st.binary(max_size=64),
     st.integers(1, 120).map(lambda d: dumps(deep(d)) if d < 100 else b"[" * d),
     st.just(b"{" * 5000),
@@ -99,6 +136,8 @@ route = st.sampled_from(
         ("GET", "/sessions/{sid}"),
         ("GET", "/sessions/{sid}/trajectory"),
         ("POST", "/sessions/{sid}/v1/chat/completions"),
+        ("POST", "/sessions/{sid}/v1/responses"),
+        ("POST", "/v1/responses"),
         ("GET", "/sessions/{sid}/v1/models"),
         ("DELETE", "/sessions/{sid}"),
         ("GET", "/workers"),
