@@ -27,6 +27,7 @@ from .errors import NoHealthyWorker, UpstreamError
 from .http_edge import HttpEdge, error_response
 from .inspector import is_public_path, register_inspector_routes
 from .lifecycle import PauseGate, reap_forever
+from .messages_route import messages_routes
 from .metrics import Metrics
 from .offload import Offload
 from .prompt.check import Outcome, check_template, in_place_roles, startup_problems
@@ -138,7 +139,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     app.asgi_app = HttpEdge(  # type: ignore[method-assign]
         app.asgi_app,
         routes=app.url_map.bind("localhost"),
-        fast_routes=[chat_route(ctx), responses_route(ctx)],
+        fast_routes=[chat_route(ctx), responses_route(ctx), *messages_routes(ctx)],
         authorize=gate.check if gate is not None else None,
         max_body_bytes=settings.max_body_bytes,
         sessions=SessionRouting(settings.session_header, settings.auto_create_sessions, ctx.store),

@@ -25,7 +25,9 @@ model routes find the session from the key alone (`session_of_key`); the MAC
 is what proves it.
 
 Keys are compared in constant time (`hmac.compare_digest`). The header's
-scheme is case-insensitive (RFC 9110 §11.1): ``bearer KEY`` is accepted.
+scheme is case-insensitive (RFC 9110 §11.1): ``bearer KEY`` is accepted. A
+key may also come as ``x-api-key: KEY``, the header Anthropic's SDKs (and
+Claude Code) send; ``Authorization`` wins when a request carries both.
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ from collections.abc import Callable
 from .config import Settings
 from .errors import PermissionDenied, Unauthorized
 
-__all__ = ["Access", "Gate", "SessionKeys", "access_of", "bearer_credential", "session_of_key"]
+__all__ = [
+    "Access",
+    "Gate",
+    "SessionKeys",
+    "access_of",
+    "bearer_credential",
+    "request_credential",
+    "session_of_key",
+]
 
 _SESSIONS = "/sessions/"
 _MODEL_ROUTES = "/v1/"
@@ -50,9 +60,9 @@ _SESSION_KEY_LABEL = b"rollout-session session key v1"
 _SESSION_KEY_PREFIX = "rs-"
 # Between the id and the MAC: never in a MAC (base64url), last in the key.
 _SESSION_KEY_SEPARATOR = "."
-_UNAUTHORIZED = "missing or wrong API key (Authorization: Bearer <key>)"
+_UNAUTHORIZED = "missing or wrong API key (Authorization: Bearer <key>, or x-api-key: <key>)"
 _WRONG_SESSION = (
-    "missing or wrong API key (Authorization: Bearer <key>); "
+    "missing or wrong API key (Authorization: Bearer <key>, or x-api-key: <key>); "
     "a session's key reaches only that session's /v1 routes"
 )
 
@@ -104,6 +114,12 @@ def bearer_credential(authorization: bytes) -> bytes | None:
     return credential.lstrip(b" ") or None
 
 
+def request_credential(authorization: bytes, api_key: bytes) -> bytes | None:
+    """A request's key: the ``Authorization: Bearer`` credential, else the
+    ``x-api-key`` header's value (headers' values, b"" when absent)."""
+    return bearer_credential(authorization) or api_key.strip(b" ") or None
+
+
 class SessionKeys:
     """Each session's own key, derived from the trainer's key."""
 
@@ -151,7 +167,9 @@ class Gate:
             return None
         return cls(settings, is_public=is_public)
 
-    def check(self, method: str, path: str | None, authorization: bytes) -> None:
+    def check(
+        self, method: str, path: str | None, authorization: bytes, api_key: bytes = b""
+    ) -> None:
         """Raise `Unauthorized` (no key, or one that is nobody's) or
         `PermissionDenied` (a known key of a role below the route's)."""
         access, session_id = access_of(method, path, self._is_public)
@@ -162,7 +180,7 @@ class Gate:
                 return
         elif self._trainer is None:
             return  # sessions and their model routes are open without --api-key
-        credential = bearer_credential(authorization)
+        credential = request_credential(authorization, api_key)
         if credential is None:
             raise Unauthorized(_UNAUTHORIZED)
         # Each comparison in constant time; which one matched is not secret.

@@ -15,13 +15,15 @@ Quart's and the fast chat route alike, it owns:
   that framed it by its length, the rest would be read here as a second,
   smuggled request);
 - **the API key**: ``Authorization: Bearer <key>`` (the scheme in any case),
-  checked by the app's `authorize` (`auth.Gate`: which key reaches which
-  route) before the route is matched, so an unknown path is 401 too;
+  or ``x-api-key: <key>`` (Anthropic's SDKs send that), checked by the
+  app's `authorize` (`auth.Gate`: which key reaches which route) before
+  the route is matched, so an unknown path is 401 too;
 - **the request body**: read whole before any handler runs, up to the body
   limit (413 ``request_too_large``) and within `BODY_TIMEOUT_S` (400);
 - **error rendering**: every failure as the OpenAI error body of
-  `errors.py` (`error_response`, which Quart's error handler uses too), never
-  a stack trace.
+  `errors.py` (`error_response`, which Quart's error handler uses too), or
+  on a fast route of another protocol in its shape (`FastRoute.render_error`),
+  never a stack trace.
 
 Drain or close. An HTTP/1.1 connection carries the next request only once
 this one's body has been read off it: hypercorn recycles a connection only if
@@ -119,6 +121,11 @@ class FastRoute:
     method: str
     match: Callable[[str], str | None]
     handle: Callable[[str, bytes], Awaitable[RawResponse]]
+    # How this route's protocol renders errors (None: the OpenAI error body),
+    # and on which paths (None: those `match` accepts): the edge's own
+    # refusals there (401, 405, 413 …) take that shape too.
+    render_error: Callable[[Exception], RawResponse] | None = None
+    error_paths: Callable[[str], bool] | None = None
 
 
 def route_path(scope: HTTPScope) -> str | None:
@@ -183,7 +190,7 @@ class HttpEdge:
 
     `app` is Quart's ASGI callable; `routes` its URL map, bound.
     `authorize` (method, path below the root path or None, the
-    ``Authorization`` header) raises the error to answer with when the
+    ``Authorization`` header, the ``x-api-key`` header) raises the error to answer with when the
     request's key does not reach its route; None: no route needs a key.
     """
 
@@ -193,7 +200,7 @@ class HttpEdge:
         *,
         routes: MapAdapter,
         fast_routes: Sequence[FastRoute],
-        authorize: Callable[[str, str | None, bytes], None] | None,
+        authorize: Callable[[str, str | None, bytes, bytes], None] | None,
         max_body_bytes: int,
         sessions: SessionRouting | None = None,
     ) -> None:
@@ -229,7 +236,7 @@ class HttpEdge:
         except _ClientGone:
             return  # nobody to answer
         except RolloutSessionError as error:
-            await send_response(send, _closing(error_response(error)))
+            await send_response(send, _closing(self._render(scope)(error)))
             return
         if fast is None:
             await self._app(scope, _replay(body, receive), send)
@@ -250,13 +257,31 @@ class HttpEdge:
         rewritten: HTTPScope = {**scope, "path": full, "raw_path": full.encode()}
         return rewritten, session_id
 
+    def _render(self, scope: HTTPScope) -> Callable[[Exception], RawResponse]:
+        """How an error on this request's path is rendered."""
+        path = route_path(scope)
+        if path is not None:
+            for fast in self._fast:
+                if fast.render_error is None:
+                    continue
+                if fast.error_paths is not None:
+                    owns = fast.error_paths(path)
+                else:
+                    owns = fast.match(path) is not None
+                if owns:
+                    return fast.render_error
+        return error_response
+
     def _resolve(self, scope: HTTPScope) -> tuple[FastRoute, str] | None:
         """Check the key, then the route: the fast route and its argument, or
         None for Quart's routes. Raises the error to answer with."""
         method = scope["method"]
         path = route_path(scope)
         if self._authorize is not None:
-            self._authorize(method, path, _header(scope["headers"], b"authorization"))
+            headers = scope["headers"]
+            self._authorize(
+                method, path, _header(headers, b"authorization"), _header(headers, b"x-api-key")
+            )
         if path is None:
             raise RouteNotFound("no such route")
         for fast in self._fast:
@@ -292,7 +317,7 @@ class HttpEdge:
         the connection after it if `close`. Drained first even then: h11
         fails a connection whose peer sends bytes past a body it was still
         reading when a closing answer went out, and cuts that answer off."""
-        response = error_response(refusal)
+        response = self._render(scope)(refusal)
         try:
             await self._read_body(scope, receive, keep=False)  # drain
         except _ClientGone:
@@ -340,13 +365,16 @@ class HttpEdge:
             try:
                 response = await fast.handle(arg, body)
             except Exception as exc:  # every failure gets the error body
-                response = error_response(exc)
+                response = (fast.render_error or error_response)(exc)
             await send_response(send, response)
             nursery.cancel_scope.cancel()
 
 
 # The model routes, for the 404 of a model path that is none of them.
-_MODEL_ROUTES = "GET /v1/models, POST /v1/chat/completions, POST /v1/responses"
+_MODEL_ROUTES = (
+    "GET /v1/models, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, "
+    "POST /v1/messages/count_tokens"
+)
 _SESSION_MODEL = re.compile(r"/sessions/[^/]+/v1/")
 
 
@@ -360,9 +388,7 @@ def _not_found(path: str) -> RouteNotFound:
         "/sessions/{id}/v1 or at /v1 with the session named by its header "
         "(X-Session-ID by default) or by the session's own key"
     )
-    if path.endswith("/messages"):
-        hint += ". The Anthropic Messages API is not served: use an OpenAI chat-completions client"
-    elif path.startswith("/v1/"):
+    if path.startswith("/v1/"):
         hint += "; this request named no session"
     return RouteNotFound(hint)
 

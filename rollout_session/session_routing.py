@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from .auth import bearer_credential, session_of_key
+from .auth import request_credential, session_of_key
 from .errors import InvalidRequest
 from .session_store import SessionStore
 from .sessions import SESSION_ID
@@ -69,7 +69,9 @@ class SessionRouting:
                     param=self.header,
                 )
             return session_id
-        credential = bearer_credential(_header(headers, b"authorization") or b"")
+        credential = request_credential(
+            _header(headers, b"authorization") or b"", _header(headers, b"x-api-key") or b""
+        )
         return None if credential is None else session_of_key(credential)
 
     async def ensure(self, session_id: str, headers: Iterable[tuple[bytes, bytes]]) -> None:

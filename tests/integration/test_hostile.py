@@ -120,11 +120,56 @@ almost_responses = st.tuples(
     defect,
 ).map(lambda pair: {**pair[0], **pair[1]})
 
+# Messages (Anthropic) bodies that look almost right, each with a defect.
+anthropic_block = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image"])
+        | json_value,
+        "text": json_value,
+        "id": json_value,
+        "name": json_value,
+        "input": json_value,
+        "tool_use_id": json_value,
+        "content": json_value,
+        "thinking": json_value,
+    },
+)
+anthropic_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant"]) | json_value},
+    optional={"content": st.lists(anthropic_block, max_size=3) | json_value},
+)
+messages_defect = st.one_of(
+    st.fixed_dictionaries({"tools": st.just([{"type": "web_search_20250305", "name": "w"}])}),
+    st.fixed_dictionaries({"mcp_servers": st.just([{"type": "url", "url": "x", "name": "x"}])}),
+    st.fixed_dictionaries({"messages": st.just([]) | st.integers() | st.just(None)}),
+    st.fixed_dictionaries({"stream": st.integers() | st.text(min_size=1)}),
+    st.fixed_dictionaries(
+        {"messages": st.just([{"role": "user", "content": [{"type": "image", "source": {}}]}])}
+    ),
+)
+almost_messages = st.tuples(
+    st.fixed_dictionaries(
+        {"messages": st.lists(anthropic_message, max_size=4) | json_value},
+        optional={
+            "model": json_value,
+            "max_tokens": st.integers(max_value=0) | json_value,
+            "system": json_value,
+            "tools": json_value,
+            "tool_choice": json_value,
+            "thinking": json_value,
+            "stop_sequences": json_value,
+        },
+    ),
+    messages_defect,
+).map(lambda pair: {**pair[0], **pair[1]})
+
 session_ids = st.sampled_from([PROTECTED, OTHER, "missing", "../etc", "a" * 300, "%00", "ü"])
 body = st.one_of(
     json_value.map(dumps),
     almost_chat.map(dumps),
     almost_responses.map(dumps),
+    almost_messages.map(dumps),
     st.binary(max_size=64),
     st.integers(1, 120).map(lambda d: dumps(deep(d)) if d < 100 else b"[" * d),
     st.just(b"{" * 5000),
@@ -138,6 +183,9 @@ route = st.sampled_from(
         ("POST", "/sessions/{sid}/v1/chat/completions"),
         ("POST", "/sessions/{sid}/v1/responses"),
         ("POST", "/v1/responses"),
+        ("POST", "/sessions/{sid}/v1/messages"),
+        ("POST", "/sessions/{sid}/v1/messages/count_tokens"),
+        ("POST", "/v1/messages"),
         ("GET", "/sessions/{sid}/v1/models"),
         ("DELETE", "/sessions/{sid}"),
         ("GET", "/workers"),
@@ -190,8 +238,12 @@ async def test_hostile_requests_never_5xx_nor_change_history(make_stack: Any) ->
             statuses.append(response.status_code)
             assert response.status_code < 500, (spec, response.text)
             if response.status_code >= 400:
-                error = response.json()["error"]
+                doc = response.json()
+                error = doc["error"]
                 assert error["code"] and error["message"]
+                (_, path), sid = spec[0], spec[1]
+                if "/v1/messages" in path and "/" not in sid:  # Anthropic's error shape
+                    assert doc["type"] == "error" and error["type"], (spec, doc)
 
     try:
         await trio.to_thread.run_sync(run)

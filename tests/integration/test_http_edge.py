@@ -259,12 +259,12 @@ async def test_every_route_at_the_edge(keyed: Keyed, route: Route) -> None:
     ("method", "path"),
     [
         ("POST", "/v1/responses"),  # names no session
-        ("POST", f"/sessions/{SID}/v1/messages"),
+        ("POST", f"/sessions/{SID}/v1/completions"),
         ("POST", f"/sessions/{SID}/v1/chat/completions/"),
         ("POST", f"/sessions/{SID}/x/v1/chat/completions"),
         ("GET", "/ui/missing.js"),
     ],
-    ids=["root-no-session", "session-messages-api", "chat-slash", "chat-two-segments", "ui-asset"],
+    ids=["root-no-session", "session-completions", "chat-slash", "chat-two-segments", "ui-asset"],
 )
 async def test_unknown_paths_are_404_and_the_connection_kept(
     keyed: Keyed, method: str, path: str

@@ -205,11 +205,11 @@ async def test_models_at_the_root(make_stack: StackFactory) -> None:
 @pytest.mark.parametrize(
     ("path", "hint"),
     [
-        ("/v1/messages", "Anthropic Messages API is not served"),
+        ("/sessions/{id}/v1/messages/batches", "POST /v1/messages, POST /v1/messages/count_tokens"),
         ("/sessions/{id}/v1/embeddings", "POST /v1/responses"),
         ("/v1/embeddings", "POST /v1/chat/completions"),
     ],
-    ids=["root-messages", "session-other", "root-other"],
+    ids=["session-message-batches", "session-other", "root-other"],
 )
 async def test_an_unknown_model_route_is_404_naming_the_routes(
     stack: Stack, path: str, hint: str
