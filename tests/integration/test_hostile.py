@@ -139,7 +139,7 @@ anthropic_message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "assistant"]) | json_value},
     optional={"content": st.lists(anthropic_block, max_size=3) | json_value},
 )
-messages_defect = st.one_of(
+messages_defect: st.SearchStrategy[dict[str, Any]] = st.one_of(
     st.fixed_dictionaries({"tools": st.just([{"type": "web_search_20250305", "name": "w"}])}),
     st.fixed_dictionaries({"mcp_servers": st.just([{"type": "url", "url": "x", "name": "x"}])}),
     st.fixed_dictionaries({"messages": st.just([]) | st.integers() | st.just(None)}),
