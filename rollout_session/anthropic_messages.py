@@ -11,7 +11,8 @@ conversion lives here; the route is messages_route.py.
 Conversion (docs/api.md#post-sessionsidv1messages), deterministic so that a
 re-sent history converts to what the session stored (messages.py matches it):
 
-- ``system`` (a string or text blocks) → a first ``system`` message.
+- ``system`` (a string or text blocks) → a first ``system`` message; a
+  ``system`` message within ``messages`` → a ``system`` message there.
 - a user message: its ``tool_result`` blocks → ``tool`` messages in order,
   then its text blocks (joined) → one ``user`` message, if any.
 - an assistant message: ``thinking`` → ``reasoning_content``, text blocks
@@ -21,8 +22,8 @@ re-sent history converts to what the session stored (messages.py matches it):
   ``tool_choice`` auto/any/tool/none → auto/required/named/none;
   ``stop_sequences`` → ``stop``; ``thinking`` enabled/disabled →
   ``chat_template_kwargs.enable_thinking``; ``max_tokens``, ``temperature``,
-  ``top_p``, ``top_k`` as they are; ``metadata`` and ``service_tier`` are
-  accepted and dropped. Any other field (SGLang extras sent with
+  ``top_p``, ``top_k`` as they are; ``metadata``, ``service_tier``,
+  ``context_management`` and ``output_config`` are accepted and dropped. Any other field (SGLang extras sent with
   ``extra_body``) is forwarded as on the chat route.
 - images, documents, server tools (web search, code execution, …) and MCP
   servers are refused with a 400 naming the feature.
@@ -64,7 +65,11 @@ _CONVERTED: Final = frozenset(
         "max_tokens",
     }
 )
-_IGNORED: Final = frozenset({"metadata", "service_tier", "cache_control"})
+# Anthropic's own settings, with nothing to do on a worker (Claude Code sends
+# context_management and output_config.effort).
+_IGNORED: Final = frozenset(
+    {"metadata", "service_tier", "cache_control", "context_management", "output_config"}
+)
 _REFUSED: Final = {
     "mcp_servers": "MCP servers",
     "container": "containers (code execution)",
@@ -205,8 +210,13 @@ def _messages(raw: Any) -> list[Message]:
             converted += _user(content, where)
         elif role == "assistant":
             converted.append(_assistant(content, where))
+        elif role == "system":
+            # A system message within the conversation (Claude Code sends them).
+            converted.append({"role": "system", "content": _texts(content, f"{where}.content")})
         else:
-            raise InvalidRequest(f"{where}.role must be user or assistant", param=f"{where}.role")
+            raise InvalidRequest(
+                f"{where}.role must be user, assistant or system", param=f"{where}.role"
+            )
     return converted
 
 

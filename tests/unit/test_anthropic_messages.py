@@ -175,3 +175,29 @@ def test_count_tokens_needs_no_max_tokens() -> None:
     assert "max_tokens" not in parse_messages_request(body, count_only=True).chat
     with pytest.raises(InvalidRequest):
         parse_messages_request(body)
+
+
+def test_what_claude_code_sends() -> None:
+    """Claude Code 2.1: a system message within the conversation, cache_control
+    on blocks, adaptive thinking, Anthropic-only settings (dropped)."""
+    body = request(
+        system=[{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "a"}]},
+            {"role": "system", "content": "agents: …"},
+            {"role": "user", "content": [{"type": "text", "text": "b", "cache_control": {}}]},
+        ],
+        thinking={"type": "adaptive"},
+        context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        output_config={"effort": "high"},
+        metadata={"user_id": "u"},
+    )
+    chat = parse_messages_request(body).chat
+    assert chat["messages"] == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "a"},
+        {"role": "system", "content": "agents: …"},
+        {"role": "user", "content": "b"},
+    ]
+    assert chat["chat_template_kwargs"] == {"enable_thinking": True}
+    assert not {"context_management", "output_config", "metadata"} & set(chat)
