@@ -23,8 +23,9 @@ re-sent history converts to what the session stored (messages.py matches it):
   ``stop_sequences`` → ``stop``; ``thinking`` enabled/disabled →
   ``chat_template_kwargs.enable_thinking``; ``max_tokens``, ``temperature``,
   ``top_p``, ``top_k`` as they are; ``metadata``, ``service_tier``,
-  ``context_management`` and ``output_config`` are accepted and dropped. Any other field (SGLang extras sent with
-  ``extra_body``) is forwarded as on the chat route.
+  ``context_management`` and ``output_config`` are accepted and dropped.
+  Any other field (SGLang extras sent with ``extra_body``) is forwarded as
+  on the chat route.
 - images, documents, server tools (web search, code execution, …) and MCP
   servers are refused with a 400 naming the feature.
 """
