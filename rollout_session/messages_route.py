@@ -90,7 +90,9 @@ def messages_routes(ctx: ServerContext) -> list[FastRoute]:
         request = parse_messages_request(body, count_only=True)
         chat = parse_chat_request(orjson.dumps(request.chat))
         runner = ctx.turn_runner
-        # Pure: the prompt the turn would send, nothing committed.
+        # Pure: the prompt the turn would send, nothing committed. On the
+        # loop, not a thread: the session may not change while it is read
+        # (a turn's commit runs on the loop too).
         plan = plan_turn(ctx.registry.get(session_id), chat, runner.tokenizer, runner.policy)
         return RawResponse(
             200, list(_JSON_HEADERS), orjson.dumps({"input_tokens": len(plan.input_ids)})
