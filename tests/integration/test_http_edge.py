@@ -77,7 +77,10 @@ class Route:
 
 CHAT = Route("POST", "/sessions/<session_id>/v1/chat/completions", Access.MODEL)
 RESPONSES = Route("POST", "/sessions/<session_id>/v1/responses", Access.MODEL)
-FAST = [CHAT, RESPONSES]  # served by the edge itself, not in Quart's URL map
+MESSAGES = Route("POST", "/sessions/<session_id>/v1/messages", Access.MODEL)
+COUNT_TOKENS = Route("POST", "/sessions/<session_id>/v1/messages/count_tokens", Access.MODEL)
+# Served by the edge itself, not in Quart's URL map.
+FAST = [CHAT, RESPONSES, MESSAGES, COUNT_TOKENS]
 ROUTES = [
     Route("GET", "/health", Access.PUBLIC),
     Route("GET", "/ready", Access.PUBLIC),
@@ -90,6 +93,8 @@ ROUTES = [
     Route("GET", "/v1/models", any_key=True),
     CHAT,
     RESPONSES,
+    MESSAGES,
+    COUNT_TOKENS,
     Route("GET", "/sessions/<session_id>/diff"),
     Route("GET", "/workers", Access.OPERATOR),
     Route("POST", "/workers", Access.OPERATOR),
