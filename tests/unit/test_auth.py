@@ -13,6 +13,7 @@ from rollout_session.auth import (
     SessionKeys,
     access_of,
     bearer_credential,
+    request_credential,
     session_of_key,
 )
 from rollout_session.errors import PermissionDenied, Unauthorized
@@ -163,3 +164,35 @@ def test_the_gate(keys: dict[str, str], expected: dict[str | None, tuple[str, st
 def test_keys_a_header_cannot_carry_are_refused(keys: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="api_key"):
         Settings(workers=WORKERS, **keys)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("authorization", "api_key", "credential"),
+    [
+        (b"Bearer a", b"", b"a"),
+        (b"", b"b", b"b"),
+        (b"Bearer a", b"b", b"a"),  # Authorization wins
+        (b"Basic a", b"b", b"b"),
+        (b"", b"  ", None),
+        (b"", b"", None),
+    ],
+    ids=["bearer", "x-api-key", "both", "other-scheme", "blank", "none"],
+)
+def test_request_credential(authorization: bytes, api_key: bytes, credential: bytes | None) -> None:
+    assert request_credential(authorization, api_key) == credential
+
+
+def test_x_api_key_is_checked_as_the_bearer_key() -> None:
+    keyed = gate(api_key="trainer", admin_api_key="admin")
+    keyed.check("GET", "/sessions", b"", b"trainer")
+    keyed.check("GET", "/metrics", b"", b"admin")
+    with pytest.raises(PermissionDenied):
+        keyed.check("GET", "/metrics", b"", b"trainer")
+    with pytest.raises(Unauthorized):
+        keyed.check("GET", "/sessions", b"", b"wrong")
+    with pytest.raises(Unauthorized):  # Authorization is the one checked
+        keyed.check("GET", "/sessions", b"Bearer wrong", b"trainer")
+    session_key = SessionKeys("trainer").key("s1").encode()
+    keyed.check("POST", "/sessions/s1/v1/messages", b"", session_key)
+    with pytest.raises(Unauthorized):
+        keyed.check("POST", "/sessions/s2/v1/messages", b"", session_key)
