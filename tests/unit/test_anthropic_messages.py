@@ -201,3 +201,20 @@ def test_what_claude_code_sends() -> None:
     ]
     assert chat["chat_template_kwargs"] == {"enable_thinking": True}
     assert not {"context_management", "output_config", "metadata"} & set(chat)
+
+
+def test_arguments_that_are_no_object_are_kept_and_do_not_match() -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1, 2"}}
+    reply = {"role": "assistant", "content": "", "tool_calls": [call]}
+    answer = {**ANSWER, "choices": [{"message": reply}]}
+    message = render_message(answer, parse_messages_request(request()))
+    assert message["content"][0]["input"] == {"arguments": "[1, 2"}
+    echoed = [
+        *orjson.loads(request())["messages"],
+        {"role": "assistant", "content": message["content"]},
+    ]
+    chat = parse_messages_request(request(messages=echoed)).chat["messages"]
+    stored = normalize_messages(
+        [{"role": "user", "content": "hi"}, answer["choices"][0]["message"]]
+    )
+    assert common_prefix(stored, normalize_messages(chat)) == 1  # a new segment, said so
