@@ -11,28 +11,16 @@ what it raises; this module turns a turn's outcome into the response.
 from __future__ import annotations
 
 from .context import ServerContext
-from .http_edge import FastRoute, Headers, RawResponse
-from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS, sse_body
+from .http_edge import FastRoute, RawResponse, session_route
+from .streaming import sse_answer, sse_body
 from .upstream import UpstreamReply
 
 __all__ = ["chat_route", "chat_session_id", "passthrough"]
 
-_PREFIX = "/sessions/"
-_SUFFIX = "/v1/chat/completions"
 _JSON = b"application/json"
-_SSE_HEADERS: Headers = [
-    (b"content-type", SSE_CONTENT_TYPE.encode()),
-    *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
-]
 
-
-def chat_session_id(path: str) -> str | None:
-    """The session id if `path` is the chat route (Quart's ``<session_id>``
-    rule: one non-empty segment), else None."""
-    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
-        return None
-    session_id = path[len(_PREFIX) : len(path) - len(_SUFFIX)]
-    return session_id if session_id and "/" not in session_id else None
+# The session id if a path is the chat route, else None.
+chat_session_id = session_route("/v1/chat/completions")
 
 
 def chat_route(ctx: ServerContext) -> FastRoute:
@@ -47,7 +35,7 @@ def chat_route(ctx: ServerContext) -> FastRoute:
         # their status, streaming or not, so SDKs raise the typed exception.
         if reply.status == 200 and outcome.stream is not None:
             events = await ctx.offload.run(len(reply.body), sse_body, reply.body, outcome.stream)
-            return RawResponse(200, list(_SSE_HEADERS), events)
+            return sse_answer(events)
         return passthrough(reply)
 
     return FastRoute(method="POST", match=chat_session_id, handle=handle)

@@ -89,7 +89,9 @@ __all__ = [
     "RawResponse",
     "as_error",
     "error_response",
+    "json_answer",
     "route_path",
+    "session_route",
 ]
 
 logger = logging.getLogger("rollout_session")
@@ -156,12 +158,36 @@ def as_error(exc: Exception) -> RolloutSessionError:
     return exc
 
 
-def error_response(exc: Exception) -> RawResponse:
-    """`exc` as the OpenAI error body, with its status and headers."""
+def error_response(
+    exc: Exception, body: Callable[[RolloutSessionError], bytes] | None = None
+) -> RawResponse:
+    """`exc` with its status and headers, as the OpenAI error body, or as
+    `body` renders it (another protocol's error shape)."""
     error = as_error(exc)
     headers = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     headers.append((b"content-type", _JSON))
-    return RawResponse(error.status_code, headers, error.to_body())
+    return RawResponse(error.status_code, headers, error.to_body() if body is None else body(error))
+
+
+def json_answer(status: int, body: bytes) -> RawResponse:
+    """A fast route's JSON answer."""
+    return RawResponse(status, [(b"content-type", _JSON)], body)
+
+
+_SESSIONS = "/sessions/"
+
+
+def session_route(suffix: str) -> Callable[[str], str | None]:
+    """A fast route's `match` for ``/sessions/{id}{suffix}``: the session id
+    (Quart's ``<session_id>`` rule: one non-empty segment), else None."""
+
+    def session_id(path: str) -> str | None:
+        if not (path.startswith(_SESSIONS) and path.endswith(suffix)):
+            return None
+        found = path[len(_SESSIONS) : len(path) - len(suffix)]
+        return found if found and "/" not in found else None
+
+    return session_id
 
 
 def _from_http_exception(exc: HTTPException) -> RolloutSessionError:

@@ -21,53 +21,32 @@ from .anthropic_messages import (
     worker_error_message,
 )
 from .context import ServerContext
-from .http_edge import FastRoute, Headers, RawResponse, as_error
+from .http_edge import FastRoute, RawResponse, error_response, json_answer, session_route
 from .protocol import parse_chat_request
-from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS
+from .streaming import sse_answer
 from .turn_plan import plan_turn
 
 __all__ = ["is_messages_path", "messages_routes", "render_error"]
 
-_PREFIX = "/sessions/"
 _MESSAGES = "/v1/messages"
 _COUNT = "/v1/messages/count_tokens"
-_JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
-_SSE_HEADERS: Headers = [
-    (b"content-type", SSE_CONTENT_TYPE.encode()),
-    *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
-]
-
-
-def _session_id(path: str, suffix: str) -> str | None:
-    if not (path.startswith(_PREFIX) and path.endswith(suffix)):
-        return None
-    session_id = path[len(_PREFIX) : len(path) - len(suffix)]
-    return session_id if session_id and "/" not in session_id else None
-
-
-def messages_session_id(path: str) -> str | None:
-    """The session id if `path` is the Messages route, else None."""
-    return _session_id(path, _MESSAGES)
-
-
-def count_session_id(path: str) -> str | None:
-    """The session id if `path` is the count_tokens route, else None."""
-    return _session_id(path, _COUNT)
+# The session id if a path is the Messages (count_tokens) route, else None.
+messages_session_id = session_route(_MESSAGES)
+count_session_id = session_route(_COUNT)
 
 
 def is_messages_path(path: str) -> bool:
     """A Messages path, at the root (no session named) or a session's."""
-    return path in (_MESSAGES, _COUNT) or any(
-        _session_id(path, suffix) is not None for suffix in (_MESSAGES, _COUNT)
+    return (
+        path in (_MESSAGES, _COUNT)
+        or messages_session_id(path) is not None
+        or count_session_id(path) is not None
     )
 
 
 def render_error(exc: Exception) -> RawResponse:
     """`exc` in Anthropic's error shape, with its status and headers."""
-    error = as_error(exc)
-    headers = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-    headers.append((b"content-type", b"application/json"))
-    return RawResponse(error.status_code, headers, error_of(error))
+    return error_response(exc, error_of)
 
 
 def messages_routes(ctx: ServerContext) -> list[FastRoute]:
@@ -80,11 +59,11 @@ def messages_routes(ctx: ServerContext) -> list[FastRoute]:
         if reply.status != 200:
             # The worker's own error (nothing committed), in Anthropic's shape.
             text = worker_error_message(reply.body)
-            return RawResponse(reply.status, list(_JSON_HEADERS), error_body(reply.status, text))
+            return json_answer(reply.status, error_body(reply.status, text))
         message = render_message(orjson.loads(reply.body), request)
         if request.stream:
-            return RawResponse(200, list(_SSE_HEADERS), message_events(message))
-        return RawResponse(200, list(_JSON_HEADERS), orjson.dumps(message))
+            return sse_answer(message_events(message))
+        return json_answer(200, orjson.dumps(message))
 
     async def count_tokens(session_id: str, body: bytes) -> RawResponse:
         request = parse_messages_request(body, count_only=True)
@@ -94,9 +73,7 @@ def messages_routes(ctx: ServerContext) -> list[FastRoute]:
         # loop, not a thread: the session may not change while it is read
         # (a turn's commit runs on the loop too).
         plan = plan_turn(ctx.registry.get(session_id), chat, runner.tokenizer, runner.policy)
-        return RawResponse(
-            200, list(_JSON_HEADERS), orjson.dumps({"input_tokens": len(plan.input_ids)})
-        )
+        return json_answer(200, orjson.dumps({"input_tokens": len(plan.input_ids)}))
 
     return [
         FastRoute(

@@ -13,7 +13,7 @@ import orjson
 
 from .chat_route import passthrough
 from .context import ServerContext
-from .http_edge import FastRoute, Headers, RawResponse
+from .http_edge import FastRoute, RawResponse, json_answer, session_route
 from .messages import Message
 from .openai_responses import (
     chat_body,
@@ -23,25 +23,12 @@ from .openai_responses import (
     response_id,
     turn_of_response,
 )
-from .streaming import SSE_CONTENT_TYPE, SSE_HEADERS
+from .streaming import sse_answer
 
 __all__ = ["responses_route", "responses_session_id"]
 
-_PREFIX = "/sessions/"
-_SUFFIX = "/v1/responses"
-_JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
-_SSE_HEADERS: Headers = [
-    (b"content-type", SSE_CONTENT_TYPE.encode()),
-    *((k.lower().encode(), v.encode()) for k, v in SSE_HEADERS.items()),
-]
-
-
-def responses_session_id(path: str) -> str | None:
-    """The session id if `path` is the Responses route, else None."""
-    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
-        return None
-    session_id = path[len(_PREFIX) : len(path) - len(_SUFFIX)]
-    return session_id if session_id and "/" not in session_id else None
+# The session id if a path is the Responses route, else None.
+responses_session_id = session_route("/v1/responses")
 
 
 def responses_route(ctx: ServerContext) -> FastRoute:
@@ -64,7 +51,7 @@ def responses_route(ctx: ServerContext) -> FastRoute:
         rid = response_id(outcome.segment, outcome.turn)
         response = render_response(answer, request, rid, previous=previous)
         if request.stream:
-            return RawResponse(200, list(_SSE_HEADERS), response_events(response))
-        return RawResponse(200, list(_JSON_HEADERS), orjson.dumps(response))
+            return sse_answer(response_events(response))
+        return json_answer(200, orjson.dumps(response))
 
     return FastRoute(method="POST", match=responses_session_id, handle=handle)
