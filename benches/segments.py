@@ -53,11 +53,10 @@ from rollout_session import Settings
 from rollout_session.messages import Message
 from rollout_session.prompt.model_output import answer_ids
 from rollout_session.protocol import ChatRequest, parse_chat_request
-from rollout_session.segments import Divergence, Segment
+from rollout_session.segments import Divergence
 from rollout_session.sessions import Session, TurnSlot
 from rollout_session.tokenization import ChatTokenizer, load_tokenizer
-from rollout_session.trajectory import Checkpoint
-from rollout_session.turn_commit import TurnPlan, commit_turn
+from rollout_session.turn_commit import CommitUndo, TurnPlan, commit_turn
 from rollout_session.turn_plan import TurnPolicy, plan_turn
 from rollout_session.upstream import UpstreamReply
 from rollout_session.validation import WorkerAnswer
@@ -111,29 +110,6 @@ class Model:
 
 
 @dataclass
-class Undo:
-    """A session's state before a commit (what the session store keeps to
-    undo a commit the journal refused), restored after each timed commit."""
-
-    trajectory: Checkpoint
-    current: Segment
-    sealed: int
-
-    @classmethod
-    def of(cls, session: Session) -> Undo:
-        keep = len(session.trajectory.turns)
-        return cls(session.trajectory.checkpoint(keep), session.current, len(session.earlier))
-
-    def apply(self, session: Session) -> None:
-        if len(session.earlier) > self.sealed:
-            session.reopen_segment(session.earlier[-1])
-        session.trajectory.undo(self.trajectory)
-        session.conversation = self.current.conversation
-        session.tools = self.current.tools
-        session.template_kwargs = self.current.template_kwargs
-
-
-@dataclass
 class Timed:
     """One side of a comparison: a session and the request it is timed on."""
 
@@ -147,7 +123,8 @@ class Timed:
 
     def run(self, tokenizer: ChatTokenizer, policy: TurnPolicy) -> None:
         session = self.session
-        undo = Undo.of(session)
+        # What the session store keeps to undo a commit the journal refused.
+        undo = CommitUndo.of(session, len(session.trajectory.turns))
         slot = session.slot
         assert slot is not None
         started = time.process_time()

@@ -24,17 +24,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .config import Settings
 from .errors import JournalUnavailable
 from .journal_format import JournalError
-from .segments import Segment
 from .sessions import Session, SessionRegistry, SessionState, TurnSlot
-from .trajectory import Checkpoint, Turn
-from .turn_commit import TurnPlan, commit_turn
+from .trajectory import Turn
+from .turn_commit import CommitUndo, TurnPlan, commit_turn
 from .upstream import UpstreamReply
 from .validation import WorkerAnswer
 from .workers import WorkerPool
@@ -45,40 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["SessionStore"]
 
 logger = logging.getLogger("rollout_session")
-
-
-class _Undo(NamedTuple):
-    """A session's state before a turn's commit: references, nothing copied
-    but what `Trajectory.checkpoint` needs for a rollback. (A tuple: it is
-    taken before every journaled commit.)"""
-
-    trajectory: Checkpoint
-    current: Segment  # the current segment's fields (a view, nothing copied)
-    sealed: int  # segments sealed before the commit
-    rollbacks: int  # rollbacks recorded before the commit
-    model: str | None
-
-    @classmethod
-    def of(cls, session: Session, keep_turns: int) -> _Undo:
-        """Before a commit keeping `keep_turns` turns of the current segment
-        (all of them when the commit starts a new segment)."""
-        return cls(
-            session.trajectory.checkpoint(keep_turns),
-            session.current,
-            len(session.earlier),
-            len(session.rollbacks),
-            session.model,
-        )
-
-    def apply(self, session: Session) -> None:
-        if len(session.earlier) > self.sealed:
-            session.reopen_segment(session.earlier[-1])
-        session.trajectory.undo(self.trajectory)
-        session.conversation = self.current.conversation
-        session.tools = self.current.tools
-        session.template_kwargs = self.current.template_kwargs
-        del session.rollbacks[self.rollbacks :]
-        session.model = self.model
 
 
 def _unavailable() -> JournalUnavailable:
@@ -232,9 +197,7 @@ class SessionStore:
         journal = self.journal
         if journal is None:
             return commit_turn(session, slot, plan, answer, reply, self.clock(), experts)
-        # A new segment leaves the current one whole.
-        keep = len(session.trajectory.turns) if plan.branch is not None else plan.keep_turns
-        undo = _Undo.of(session, keep)
+        undo = CommitUndo.before(session, plan)
         turn = commit_turn(session, slot, plan, answer, reply, self.clock(), experts)
         journal.turn(
             session,

@@ -2,7 +2,8 @@
 
 `commit_turn` is the one place a turn changes a session in memory: a new
 segment or a rollback (if the plan says so), the prompt delta, the sampled
-ids, the new messages. It is plain synchronous code; the session store calls it between
+ids, the new messages; `CommitUndo` is the one way to take it back. It is
+plain synchronous code; the session store calls it between
 checking that the journal can record the turn and recording it
 (`SessionStore.commit`).
 """
@@ -10,17 +11,17 @@ checking that the journal can record the turn and recording it
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import InvariantViolated, SessionClosing
 from .messages import Message, assistant_message
-from .segments import Branch, Rollback
+from .segments import Branch, Rollback, Segment
 from .sessions import Session, SessionState, TurnSlot
-from .trajectory import IdArray, Turn
+from .trajectory import Checkpoint, IdArray, Turn
 from .upstream import UpstreamReply
 from .validation import WorkerAnswer
 
-__all__ = ["TurnPlan", "commit_turn"]
+__all__ = ["CommitUndo", "TurnPlan", "commit_turn"]
 
 
 @dataclass(slots=True)
@@ -98,3 +99,45 @@ def commit_turn(
     session.template_kwargs = plan.kwargs
     session.model = answer.model or session.model
     return turn
+
+
+class CommitUndo(NamedTuple):
+    """A session's state before a turn's commit: references, nothing copied
+    but what `Trajectory.checkpoint` needs for a rollback. (A tuple: it is
+    taken before every journaled commit.)"""
+
+    trajectory: Checkpoint
+    current: Segment  # the current segment's fields (a view, nothing copied)
+    sealed: int  # segments sealed before the commit
+    rollbacks: int  # rollbacks recorded before the commit
+    model: str | None
+
+    @classmethod
+    def of(cls, session: Session, keep_turns: int) -> CommitUndo:
+        """Before a commit keeping `keep_turns` turns of the current segment
+        (all of them when the commit starts a new segment)."""
+        return cls(
+            session.trajectory.checkpoint(keep_turns),
+            session.current,
+            len(session.earlier),
+            len(session.rollbacks),
+            session.model,
+        )
+
+    @classmethod
+    def before(cls, session: Session, plan: TurnPlan) -> CommitUndo:
+        """Before committing `plan` (a new segment leaves the current one whole)."""
+        keep = len(session.trajectory.turns) if plan.branch is not None else plan.keep_turns
+        return cls.of(session, keep)
+
+    def apply(self, session: Session) -> None:
+        """Put the session back as it was (the slot is still held: no other
+        turn touched it)."""
+        if len(session.earlier) > self.sealed:
+            session.reopen_segment(session.earlier[-1])
+        session.trajectory.undo(self.trajectory)
+        session.conversation = self.current.conversation
+        session.tools = self.current.tools
+        session.template_kwargs = self.current.template_kwargs
+        del session.rollbacks[self.rollbacks :]
+        session.model = self.model

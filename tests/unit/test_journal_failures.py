@@ -30,8 +30,8 @@ from rollout_session import journal_format as fmt
 from rollout_session import journal_reader as reader
 from rollout_session.journal import JournalError
 from rollout_session.journal_recovery import recover
-from rollout_session.session_store import _Undo
 from rollout_session.sessions import SessionState
+from rollout_session.turn_commit import CommitUndo
 
 from ..tiny_disk import tiny_disk
 from .test_journal import NOW, do_turn, new_session, replayed, running, segment, states
@@ -56,7 +56,7 @@ async def test_a_full_disk_loses_only_unwritten_records_and_the_journal_writes_a
         size = segment(live).stat().st_size
         # The next batch does not fit: 100 of its bytes reach the file.
         disk.fill(spare=100)
-        undo = _Undo.of(a, len(a.trajectory.turns))
+        undo = CommitUndo.of(a, len(a.trajectory.turns))
         do_turn(journal, a, rng)  # a turn: its caller undoes it
         b.expire(NOW + 3)  # an expiry: nobody waits for it, it stays
         b.worker = None
