@@ -55,6 +55,17 @@ TOOLS = [
         },
     }
 ]
+# Tools other than TOOLS: a request changing to them diverges (tools_changed).
+OTHER_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="session")

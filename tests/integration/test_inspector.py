@@ -29,7 +29,7 @@ from rollout_session.inspector import (
 )
 from rollout_session.testing import EmulatorConfig
 
-from ..conftest import TOOLS, Stack, StackFactory
+from ..conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
 from .test_turns import echo
 
 if TYPE_CHECKING:
@@ -77,16 +77,6 @@ async def tool_episode(stack: Stack, session_id: str, tool_result: str, turns: i
 
 USER_1 = {"role": "user", "content": "What does main.py print?"}
 USER_2 = {"role": "user", "content": "Never mind: what does test.py print?"}
-OTHER_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "Search the web",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
-        },
-    }
-]
 
 
 async def segmented_episode(stack: Stack, session_id: str) -> dict[str, Any]:

@@ -12,8 +12,9 @@ import pytest
 from rollout_session.testing import EmulatorConfig
 
 from ..conftest import TOOLS, Stack, StackFactory
+from .test_root_routes import episode as chat_episode  # the same loop in chat completions
 from .test_sdk import MODEL
-from .test_turns import check_document, echo
+from .test_turns import check_document
 
 USER = "What does main.py print?"
 RESPONSES_TOOLS: list[dict[str, Any]] = [
@@ -79,24 +80,6 @@ async def responses_episode(
             new.append({"role": "user", "content": f"next {i}"})
         items += [*output, *new]
     return responses
-
-
-async def chat_episode(agent: openai.AsyncOpenAI, turns: int) -> None:
-    """The same loop in chat completions."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": USER}]
-    for i in range(turns):
-        completion = await agent.chat.completions.create(
-            model=MODEL,
-            messages=messages,  # type: ignore[arg-type]
-            tools=TOOLS,  # type: ignore[arg-type]
-            seed=i,
-        )
-        message = completion.choices[0].message.model_dump(exclude_none=True)
-        messages.append(echo(message))
-        for call in message.get("tool_calls", []):
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": f"r{i}"})
-        if not message.get("tool_calls"):
-            messages.append({"role": "user", "content": f"next {i}"})
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ..conftest import TOOLS, Stack, StackFactory
+from ..conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
 from .test_turns import check_document, echo, run_tool_episode
 
 
@@ -126,16 +126,6 @@ async def test_history_compare_ignores_ids_key_order_and_empty_forms(stack: Stac
 
 
 USER_1 = {"role": "user", "content": "first question"}
-TOOLS_2: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "Search the web",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
-        },
-    }
-]
 
 
 def after_one_answer(answer: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -166,7 +156,7 @@ async def test_every_rollback_is_logged_and_counted_by_reason(
     counter = stack.ctx.metrics.rollbacks.labels(reason)
     assert counter._value.get() == 0
     messages = after_one_answer(first.json()["choices"][0]["message"])[reason]
-    tools = TOOLS_2 if reason == "tools_changed" else TOOLS
+    tools = OTHER_TOOLS if reason == "tools_changed" else TOOLS
     with caplog.at_level(logging.INFO, logger="rollout_session"):
         second = await stack.chat(session_id, messages=messages, tools=tools)
     assert second.status_code == 200, second.text

@@ -20,22 +20,12 @@ import pytest
 
 from rollout_session.testing.emulator import EmulatorConfig
 
-from ..conftest import TOOLS, Stack, StackFactory
+from ..conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
 from .test_sdk import MODEL, base_url
 from .test_turns import check_document, echo
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 USER_1 = {"role": "user", "content": "What does main.py print?"}
-OTHER_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "Search the web",
-            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
-        },
-    }
-]
 
 
 @dataclass
