@@ -91,6 +91,20 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "allowed worker hosts: names, IPs, CIDR networks, each with an optional :port",
     ),
     ("--max-connections", "max_connections", int, "open client connections; more wait"),
+    (
+        "--kv-sessions",
+        "kv_sessions",
+        str,
+        "worker-side KV sessions: off, hint (session id + /close_session), stream "
+        "(SGLang streaming sessions: each turn sends only new ids; docs/kv-sessions.md)",
+    ),
+    (
+        "--kv-session-timeout-s",
+        "kv_session_timeout_s",
+        _optional_float,
+        "idle timeout of a worker-side session under stream (default: the session's TTL)",
+    ),
+    ("--default-priority", "default_priority", int, "SGLang priority of sessions without one"),
     ("--placement", "placement", str, "sticky-least-loaded, consistent-hash, round-robin"),
     ("--health-interval-s", "health_interval_s", float, "seconds between worker probes"),
     ("--health-timeout-s", "health_timeout_s", float, "worker probe timeout"),
@@ -146,7 +160,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
         "--sglang-session-cache",
         action="store_true",
         default=_env_default(env, "sglang_session_cache", _bool, False),
-        help="send the session id to SGLang each turn and /close_session on close",
+        help="the same as --kv-sessions hint (kept for existing command lines)",
     )
     parser.add_argument(
         "--routed-experts",
@@ -177,13 +191,14 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     values = {dest: getattr(args, dest) for _, dest, _, _ in _SERVE_OPTIONS}
+    if args.sglang_session_cache and values["kv_sessions"] == "off":
+        values["kv_sessions"] = "hint"
     workers = args.workers if args.workers is not None else args.workers_env
     return Settings(
         **values,
         workers=tuple(workers),
         demo=args.demo,
         demo_reasoning=args.demo_reasoning,
-        sglang_session_cache=args.sglang_session_cache,
         routed_experts=args.routed_experts,
         auto_create_sessions=args.auto_create_sessions,
     )

@@ -9,7 +9,8 @@ records are framed and stored in segment files is `journal_format`.
 Records (meta ``"t"``), ``id`` being the session id (``begin``, the first
 record of every segment, belongs to `journal_format`):
 
-- ``create`` ``md`` metadata, ``ca`` created_at, ``ttl`` ttl_s.
+- ``create`` ``md`` metadata, ``ca`` created_at, ``ttl`` ttl_s, ``pri`` priority
+  (only when set).
 - ``turn``   ``turn`` the `Turn` fields (``index`` is the number of turns
   kept, i.e. the rollback point), ``mf`` messages kept, ``msgs`` messages
   appended after them, ``tools`` (only when ``index == 0``), ``kw`` the
@@ -75,6 +76,7 @@ def create_meta(session: Session) -> dict[str, Any]:
         "md": session.metadata,
         "ca": session.created_at,
         "ttl": session.ttl_s,
+        **({} if session.priority is None else {"pri": session.priority}),
     }
 
 
@@ -308,6 +310,7 @@ class Replay:
             # Downtime is not idleness: a restored session gets a full TTL.
             last_active_at=self.now,
             ttl_s=meta["ttl"],
+            priority=meta.get("pri"),
         )
         if meta["t"] == "snapshot":
             _apply_snapshot(session, meta, blobs)

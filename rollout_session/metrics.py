@@ -63,6 +63,14 @@ class _StateCollector(Collector):
             inflight.add_metric([worker.url], worker.inflight)
             pinned.add_metric([worker.url], worker.active_sessions)
         yield from (healthy, fenced, inflight, pinned)
+        control = CounterMetricFamily(
+            "rollout_control_failures",
+            "Best-effort control calls to workers that failed (logged once per worker and call)",
+            labels=["call"],
+        )
+        for call, count in sorted(ctx.pool.control_failures.items()):
+            control.add_metric([call], count)
+        yield control
         journal = ctx.store.journal
         if journal is not None:
             yield GaugeMetricFamily(
@@ -130,6 +138,13 @@ class Metrics:
             "New segments started by a request that did not extend its session's "
             "current one, by reason",
             ["reason"],
+            registry=r,
+        )
+        self.kv_opened = Counter(
+            "rollout_kv_sessions_opened",
+            "Worker-side KV sessions opened (--kv-sessions stream), by cause: `new` for "
+            "a session's first turn, any other is a rebuild that sent the full context",
+            ["cause"],
             registry=r,
         )
         self.busy = Counter(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ from .auth import SessionKeys
 from .context import ServerContext
 from .errors import InvalidRequest, JournalUnavailable
 from .export import VIEWS, ExportStatus, parse_include, serialize, view_document
+from .kv_sessions import PRIORITY_RANGE, is_priority
 from .protocol import parse_json_object
 from .sessions import Session, SessionState
 
@@ -50,7 +52,15 @@ async def read_json_object(*, optional: bool) -> dict[str, Any]:
     return parse_json_object(body)
 
 
-def _create_args(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None, float | None]:
+@dataclass(frozen=True, slots=True)
+class _CreateArgs:
+    session_id: str | None
+    metadata: dict[str, Any] | None
+    ttl_s: float | None
+    priority: int | None
+
+
+def _create_args(body: dict[str, Any]) -> _CreateArgs:
     session_id = body.get("session_id")
     if session_id is not None and not isinstance(session_id, str):
         raise InvalidRequest("session_id must be a string", param="session_id")
@@ -65,7 +75,10 @@ def _create_args(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | Non
         or ttl_s <= 0
     ):
         raise InvalidRequest("ttl_s must be a positive number", param="ttl_s")
-    return session_id, metadata, ttl_s
+    priority = body.get("priority")
+    if priority is not None and not is_priority(priority):
+        raise InvalidRequest(f"{PRIORITY_RANGE} or null", param="priority")
+    return _CreateArgs(session_id, metadata, ttl_s, priority)
 
 
 _STATUS: dict[SessionState, ExportStatus] = {
@@ -143,8 +156,10 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
 
     @app.post("/sessions")
     async def create_session() -> Response:
-        session_id, metadata, ttl_s = _create_args(await read_json_object(optional=True))
-        session = await store.create(session_id, metadata=metadata, ttl_s=ttl_s)
+        args = _create_args(await read_json_object(optional=True))
+        session = await store.create(
+            args.session_id, metadata=args.metadata, ttl_s=args.ttl_s, priority=args.priority
+        )
         return json_response(
             {
                 "session_id": session.id,

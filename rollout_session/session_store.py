@@ -143,7 +143,12 @@ class SessionStore:
     # --- life-cycle changes ---
 
     async def create(
-        self, session_id: str | None, *, metadata: dict[str, Any] | None, ttl_s: float | None
+        self,
+        session_id: str | None,
+        *,
+        metadata: dict[str, Any] | None,
+        ttl_s: float | None,
+        priority: int | None = None,
     ) -> Session:
         """A new session, answered once it is durable. An id held by a
         collected session is taken over: that session is forgotten."""
@@ -151,7 +156,7 @@ class SessionStore:
         held = self.registry.find(session_id)
         replacing = held if held is not None and held.state is SessionState.COLLECTED else None
         session = self.registry.create(
-            session_id, metadata=metadata, ttl_s=ttl_s, replacing=replacing
+            session_id, metadata=metadata, ttl_s=ttl_s, priority=priority, replacing=replacing
         )
         journal = self.journal
         if journal is not None:

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from sortedcontainers import SortedDict
@@ -32,6 +32,9 @@ from .errors import (
 from .messages import Message
 from .segments import Branch, Rollback, Segment
 from .trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from .kv_sessions import KvHold
 
 __all__ = ["Session", "SessionRegistry", "SessionState", "TurnSlot"]
 
@@ -93,6 +96,11 @@ class Session:
     rollbacks: list[Rollback] = field(default_factory=list)
     # Base URL of the worker this session is pinned to (None before turn 1).
     worker: str | None = None
+    # SGLang `priority` of its turns (None: the server's default, if any).
+    priority: int | None = None
+    # The worker-side streaming session holding its context (--kv-sessions
+    # stream); never journaled: after a restart the next turn rebuilds it.
+    kv: KvHold | None = None
     model: str | None = None
     closed_at: float | None = None
     # Invariant: not None exactly while a turn is in flight.
@@ -185,6 +193,7 @@ class Session:
             "num_segments": len(self.earlier) + 1,
             "num_rollbacks": len(self.rollbacks),
             "worker": self.worker,
+            "priority": self.priority,
             "created_at": self.created_at,
             "last_active_at": self.last_active_at,
             "metadata": self.metadata,
@@ -245,6 +254,7 @@ class SessionRegistry:
         *,
         metadata: dict[str, Any] | None = None,
         ttl_s: float | None = None,
+        priority: int | None = None,
         replacing: Session | None = None,
     ) -> Session:
         """A new session. `replacing`, a collected session holding the same
@@ -275,6 +285,7 @@ class SessionRegistry:
             created_at=now,
             last_active_at=now,
             ttl_s=ttl_s,
+            priority=priority,
         )
         self._add(session)
         return session

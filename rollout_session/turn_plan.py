@@ -44,7 +44,8 @@ class TurnPolicy:
     prompt_mode: PromptMode = PromptMode.TITO
     max_segments: int = 1000  # segments per session (they bound its memory)
     max_session_tokens: int | None = None  # prompt + max_tokens cap per session
-    session_cache: bool = False  # send SGLang the session id (--sglang-session-cache)
+    session_hint: bool = False  # send SGLang the session id (--kv-sessions hint)
+    default_priority: int | None = None  # SGLang priority of sessions created without one
     routed_experts: bool = False  # ask for and store routed experts (R3)
 
     @classmethod
@@ -57,7 +58,8 @@ class TurnPolicy:
             prompt_mode=PromptMode(settings.prompt_mode),
             max_segments=settings.max_segments,
             max_session_tokens=settings.max_session_tokens,
-            session_cache=settings.sglang_session_cache,
+            session_hint=settings.kv_sessions == "hint",
+            default_priority=settings.default_priority,
             routed_experts=settings.routed_experts,
         )
 

@@ -199,7 +199,7 @@ async def test_admin_add_and_drain_a_worker_with_a_turn_in_flight(
 
 
 async def test_sglang_session_cache_hints_and_close(make_stack: StackFactory) -> None:
-    stack = await make_stack(sglang_session_cache=True)
+    stack = await make_stack(kv_sessions="hint")
     session_id = await stack.create()
     await converse(stack, session_id, 2)
     assert [r.session_id for r in stack.emulator.requests] == [session_id, session_id]
@@ -213,7 +213,7 @@ async def test_sglang_session_cache_hints_and_close(make_stack: StackFactory) ->
 async def test_sglang_session_cache_closes_a_moved_session_on_its_old_worker(
     make_stack: StackFactory,
 ) -> None:
-    stack = await make_stack(num_workers=2, sglang_session_cache=True)
+    stack = await make_stack(num_workers=2, kv_sessions="hint")
     session_id = await stack.create()
     await converse(stack, session_id, 1)
     pool = stack.ctx.pool
