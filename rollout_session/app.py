@@ -26,7 +26,6 @@ from .context import ServerContext
 from .errors import NoHealthyWorker, UpstreamError
 from .http_edge import HttpEdge, error_response
 from .inspector import is_public_path, register_inspector_routes
-from .kv_sessions import KvMode, KvSessions
 from .lifecycle import PauseGate, reap_forever
 from .messages_route import messages_routes
 from .metrics import Metrics
@@ -111,15 +110,6 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
             store=ctx.store,
             pause=ctx.pause,
             pool=ctx.pool,
-            kv=KvSessions(
-                KvMode(settings.kv_sessions),
-                ctx.pool,
-                ctx.metrics,
-                bos_id=tokenizer.bos_id,
-                timeout_s=settings.kv_session_timeout_s,
-                default_ttl_s=settings.session_ttl_s,
-                context_length=lambda: ctx.model.context_length,
-            ),
             validator=ctx.validator,
             offload=ctx.offload,
             metrics=ctx.metrics,
@@ -130,7 +120,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
 
     @app.after_serving
     async def shutdown() -> None:
-        await ctx.pool.close_kv_sessions(ctx.registry)
+        await ctx.pool.close_remote_sessions(ctx.registry)
         await ctx.pool.aclose()
         await ctx.store.aclose()
 

@@ -95,14 +95,8 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "--kv-sessions",
         "kv_sessions",
         str,
-        "worker-side KV sessions: off, hint (session id + /close_session), stream "
-        "(SGLang streaming sessions: each turn sends only new ids; docs/kv-sessions.md)",
-    ),
-    (
-        "--kv-session-timeout-s",
-        "kv_session_timeout_s",
-        _optional_float,
-        "idle timeout of a worker-side session under stream (default: the session's TTL)",
+        "worker-side KV sessions: off, or hint (session id each turn, /close_session at "
+        "the end; workers need --enable-session-radix-cache; docs/kv-sessions.md)",
     ),
     ("--default-priority", "default_priority", int, "SGLang priority of sessions without one"),
     ("--placement", "placement", str, "sticky-least-loaded, consistent-hash, round-robin"),

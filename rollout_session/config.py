@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .kv_sessions import KV_MODES, PRIORITY_RANGE, is_priority
+from .kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, is_priority
 from .placement import PLACEMENTS
 from .segments import OnDivergence, PromptMode
 from .worker_urls import WorkerHosts, worker_url
@@ -99,14 +99,9 @@ class Settings:
     circuit_failures: int = 5
     circuit_successes: int = 2
     circuit_open_s: float = 30.0
-    # Worker-side KV sessions (kv_sessions.KvMode, docs/kv-sessions.md):
-    # off, hint (the session id on each turn, /close_session when it closes)
-    # or stream (an SGLang streaming session holds the context; each turn
-    # sends only the new ids).
+    # Worker-side KV sessions (kv_sessions.KvMode, docs/kv-sessions.md): off,
+    # or hint (the session id on each turn, /close_session when it ends).
     kv_sessions: str = "off"
-    # The worker-side session's idle timeout under `stream` (SGLang frees it
-    # after this long without a turn); None = the session's own TTL.
-    kv_session_timeout_s: float | None = None
     # SGLang `priority` for sessions created without one; None = not sent.
     default_priority: int | None = None
     # R3: ask workers for routed experts of new positions; store and export them.
@@ -206,10 +201,10 @@ class Settings:
             raise ValueError("max_rollback_turns must be >= 0")
         if self.on_divergence not in ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}")
+        if self.kv_sessions == "stream":
+            raise ValueError(STREAM_REFUSED)
         if self.kv_sessions not in KV_MODES:
             raise ValueError(f"kv_sessions must be one of {', '.join(KV_MODES)}")
-        if self.kv_session_timeout_s is not None:
-            _positive("kv_session_timeout_s", self.kv_session_timeout_s)
         if self.default_priority is not None and not is_priority(self.default_priority):
             raise ValueError(PRIORITY_RANGE)
         if self.prompt_mode not in PROMPT_MODES:

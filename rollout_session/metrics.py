@@ -140,13 +140,6 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        self.kv_opened = Counter(
-            "rollout_kv_sessions_opened",
-            "Worker-side KV sessions opened (--kv-sessions stream), by cause: `new` for "
-            "a session's first turn, any other is a rebuild that sent the full context",
-            ["cause"],
-            registry=r,
-        )
         self.busy = Counter(
             "rollout_busy_rejections", "Turns refused with 409 session_busy", registry=r
         )

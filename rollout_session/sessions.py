@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 from sortedcontainers import SortedDict
@@ -32,9 +32,6 @@ from .errors import (
 from .messages import Message
 from .segments import Branch, Rollback, Segment
 from .trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from .kv_sessions import KvHold
 
 __all__ = ["Session", "SessionRegistry", "SessionState", "TurnSlot"]
 
@@ -98,9 +95,6 @@ class Session:
     worker: str | None = None
     # SGLang `priority` of its turns (None: the server's default, if any).
     priority: int | None = None
-    # The worker-side streaming session holding its context (--kv-sessions
-    # stream); never journaled: after a restart the next turn rebuilds it.
-    kv: KvHold | None = None
     model: str | None = None
     closed_at: float | None = None
     # Invariant: not None exactly while a turn is in flight.

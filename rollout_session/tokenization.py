@@ -109,9 +109,6 @@ class ChatTokenizer:
             int(i) for i, tok in hf_tokenizer.added_tokens_decoder.items() if tok.special
         )
         eos = hf_tokenizer.eos_token_id
-        bos = hf_tokenizer.bos_token_id
-        # SGLang strips a leading BOS from a turn appended to a session (kv_sessions.py).
-        self.bos_id: int | None = None if bos is None else int(bos)
         self.eos_id: int | None = None if eos is None else int(eos)
         # Tokens that end a generation (generation_config.json's eos_token_id).
         self.stop_ids: frozenset[int] = frozenset(

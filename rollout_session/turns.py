@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 import trio
@@ -27,7 +26,6 @@ from .errors import (
     SessionClosing,
     UpstreamMalformed,
 )
-from .kv_sessions import KvSessions
 from .lifecycle import PauseGate
 from .metrics import Metrics
 from .offload import Offload
@@ -71,12 +69,8 @@ def upstream_body(
     routed_experts: bool,
     max_tokens: int | None = None,
     priority: int | None = None,
-    input_ids: Any = None,
-    session_params: dict[str, Any] | None = None,
 ) -> bytes:
-    """The worker's request: the agent's body with the server's fields.
-    `input_ids` (default: the plan's whole prompt) with `session_params` are
-    the ids a worker-side session does not hold yet (kv_sessions.py)."""
+    """The worker's request: the agent's body with the server's fields."""
     body = {k: v for k, v in request.raw.items() if k not in _DROPPED}
     body.update(_FORCED)
     if max_tokens is not None:
@@ -91,8 +85,6 @@ def upstream_body(
         # SGLang's stable per-session identity (kept with the session's KV);
         # unlike `session_params` it does not alter the prompt.
         body["session_id"] = session_hint
-    if session_params is not None:
-        body["session_params"] = session_params
     if priority is not None:
         # The session's, over whatever the agent sent (SGLang ignores it
         # unless the worker runs --enable-priority-scheduling).
@@ -102,7 +94,7 @@ def upstream_body(
         # SGLang's reasoning parsers read them (`enable_thinking`, `thinking`)
         # to split what the model wrote in the mode its prompt set.
         body["chat_template_kwargs"] = plan.kwargs
-    body["input_ids"] = plan.input_ids if input_ids is None else input_ids
+    body["input_ids"] = plan.input_ids
     body["rid"] = uuid.uuid4().hex
     if model and not isinstance(body.get("model"), str):
         body["model"] = model
@@ -130,7 +122,6 @@ class TurnRunner:
     store: SessionStore  # claims and commits (the journal's gate)
     pause: PauseGate  # new turns wait while paused
     pool: WorkerPool  # the session's sticky worker
-    kv: KvSessions  # what the worker holds of the session (--kv-sessions)
     validator: AnswerValidator  # checks every worker answer
     offload: Offload  # parse and plan off the loop when large
     metrics: Metrics
@@ -199,22 +190,16 @@ class TurnRunner:
             context_length=model.context_length,
             session_cap=policy.max_session_tokens,
         )
-        priority = session.priority if session.priority is not None else policy.default_priority
-
-        def body_for(ids: Any, session_params: dict[str, Any] | None) -> bytes:
-            return upstream_body(
-                request,
-                plan,
-                model.name,
-                session_hint=session.id if policy.session_hint else None,
-                routed_experts=policy.routed_experts,
-                max_tokens=budget,
-                priority=priority,
-                input_ids=ids,
-                session_params=session_params,
-            )
-
-        reply = await self.kv.chat(session, plan, body_for)
+        payload = upstream_body(
+            request,
+            plan,
+            model.name,
+            session_hint=session.id if policy.session_hint else None,
+            routed_experts=policy.routed_experts,
+            max_tokens=budget,
+            priority=session.priority if session.priority is not None else policy.default_priority,
+        )
+        reply = await self.pool.chat(session, payload)
         if reply.status != 200:
             # The worker's own error (e.g. SGLang's 400 for a long prompt) is
             # the agent's answer; nothing is committed.
@@ -236,7 +221,6 @@ class TurnRunner:
         self.pool.report_success(reply.worker)
         # Returns once the turn is durable; the agent hears of it only then.
         turn = await self.store.commit(session, slot, plan, answer, reply, experts)
-        self.kv.settle(session, plan, len(answer.ids), reply.worker)
         if plan.branch is not None:
             self._report_segment(session, plan.branch)
         elif plan.rollback is not None:

@@ -42,7 +42,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,9 +276,6 @@ class WorkerPool:
     def release_session(self, session: Session) -> None:
         """The session is gone: unpin it and, if enabled, free its KV at once.
         Idempotent: an expired session that is then collected is released once."""
-        hold, session.kv = session.kv, None
-        if hold is not None:
-            self.close_kv_session(hold.worker, hold.remote_id)
         worker = self.workers.get(session.worker) if session.worker else None
         session.worker = None
         if worker is None:
@@ -287,22 +284,17 @@ class WorkerPool:
         self._close_remote(worker, session.id)
 
     def _close_remote(self, worker: Worker, session_id: str) -> None:
-        """With --kv-sessions hint, free the session's KV on `worker` now
-        rather than when SGLang evicts it."""
-        if self._settings.kv_sessions == "hint":
-            self.close_kv_session(worker.url, session_id)
+        """With --kv-sessions hint, drop the session's reference to its KV on
+        `worker` now (in the background), so SGLang may evict it first."""
+        if self._settings.kv_sessions == "hint" and self._nursery is not None:
+            self._nursery.start_soon(self._close_remote_session, worker.url, session_id)
 
-    def close_kv_session(self, url: str, remote_id: str) -> None:
-        """Close an SGLang session on the worker at `url`, in the background."""
-        if self._nursery is not None:
-            self._nursery.start_soon(self._close_kv_session, url, remote_id)
-
-    async def _close_kv_session(self, url: str, remote_id: str) -> None:
-        # Best effort: a dead worker must not delay a DELETE or a turn, and a
-        # session it no longer holds is freed already. The body is never read.
+    async def _close_remote_session(self, url: str, session_id: str) -> None:
+        # Best effort: a dead worker must not delay a DELETE or a turn. The
+        # body is never read.
         try:
             async with self._probe_client.stream(
-                "POST", f"{url}/close_session", json={"session_id": remote_id}
+                "POST", f"{url}/close_session", json={"session_id": session_id}
             ) as response:
                 status = response.status_code
         except httpx.HTTPError as exc:
@@ -311,48 +303,24 @@ class WorkerPool:
         if status != 200:
             self._control_failed(url, "close_session", f"answered {status}")
 
-    async def close_kv_sessions(self, sessions: Iterable[Session]) -> None:
-        """Server shutdown: close every worker-side session now, concurrently
-        and within the health timeout (best effort: SGLang's own timeout frees
-        what is left)."""
-        holds = []
-        for session in sessions:
-            hold, session.kv = session.kv, None
-            if hold is not None:
-                holds.append(hold)
-        if not holds:
+    async def close_remote_sessions(self, sessions: Iterable[Session]) -> None:
+        """Server shutdown, with --kv-sessions hint: close every session's
+        worker-side session now, concurrently and within the health timeout
+        (best effort: what is left stays referenced until the worker evicts it)."""
+        if self._settings.kv_sessions != "hint":
+            return
+        pinned = [(s.worker, s.id) for s in sessions if s.worker is not None]
+        if not pinned:
             return
         with trio.move_on_after(self._settings.health_timeout_s) as scope:
             scope.shield = True
             async with trio.open_nursery() as nursery:
-                for hold in holds:
-                    nursery.start_soon(self._close_kv_session, hold.worker, hold.remote_id)
+                for url, session_id in pinned:
+                    nursery.start_soon(self._close_remote_session, url, session_id)
         if scope.cancelled_caught:
-            logger.warning("shutdown: not every one of %d worker KV sessions closed", len(holds))
+            logger.warning("shutdown: not every one of %d worker sessions closed", len(pinned))
         else:
-            logger.info("shutdown: closed %d worker KV sessions", len(holds))
-
-    async def open_kv_session(
-        self, worker: Worker, remote_id: str, *, timeout_s: float | None, capacity: int
-    ) -> bool:
-        """Open a streaming SGLang session on `worker` (False: it did not)."""
-        body = {
-            "session_id": remote_id,
-            "capacity_of_str_len": capacity,
-            "streaming": True,
-            "timeout": timeout_s,
-        }
-        try:
-            response = await self._probe_client.post(f"{worker.url}/open_session", json=body)
-        except httpx.HTTPError as exc:
-            self._control_failed(worker.url, "open_session", str(exc))
-            return False
-        if response.status_code != 200:
-            self._control_failed(
-                worker.url, "open_session", f"answered {response.status_code}: {response.text}"
-            )
-            return False
-        return True
+            logger.info("shutdown: closed %d worker sessions", len(pinned))
 
     def _control_failed(self, url: str, call: str, reason: str) -> None:
         """A best-effort control call failed: logged once per worker and call
@@ -398,18 +366,15 @@ class WorkerPool:
         # A 200 counts once validated: the turn path reports it.
         return reply
 
-    async def chat(
-        self, session: Session, payload_for: Callable[[Worker], Awaitable[bytes]]
-    ) -> UpstreamReply:
-        """Send a turn to the session's worker (pinning or re-pinning it); the
-        body is built for the worker it goes to (`kv_sessions.py`).
+    async def chat(self, session: Session, payload: bytes) -> UpstreamReply:
+        """Send a turn to the session's worker (pinning or re-pinning it).
 
         A 200 is neither a success nor a failure of the worker until the
         turn path has validated it: it then calls `report_success` or
         `report_failure` with ``reply.worker``."""
         worker = self._pin(session)
         try:
-            return await self._send(worker, session.id, await payload_for(worker))
+            return await self._send(worker, session.id, payload)
         except NotSent as first:
             # Nothing reached that worker: one retry elsewhere is safe.
             try:
@@ -417,7 +382,7 @@ class WorkerPool:
             except NoHealthyWorker:
                 raise UpstreamError(str(first)) from None
             try:
-                return await self._send(retry, session.id, await payload_for(retry))
+                return await self._send(retry, session.id, payload)
             except NotSent as second:
                 raise UpstreamError(str(second)) from None
 

@@ -260,8 +260,8 @@ async def test_a_turn_whose_worker_answers_after_the_journal_failed_commits_noth
     answered, go_on = trio.Event(), trio.Event()
     chat = stack.ctx.pool.chat
 
-    async def gated_chat(session: Session, payload_for: Any) -> Any:
-        reply = await chat(session, payload_for)
+    async def gated_chat(session: Session, payload: bytes) -> Any:
+        reply = await chat(session, payload)
         answered.set()
         await go_on.wait()
         return reply
