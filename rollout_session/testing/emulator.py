@@ -79,6 +79,13 @@ def generate_error(message: str, status: int = 400) -> Reply:
     return Reply(status, orjson.dumps({"error": {"message": message}}))
 
 
+class _Invalid(BadRequest):
+    """A field of the wrong type: FastAPI's validation error (flat, type "Bad Request")."""
+
+    def reply(self) -> Reply:
+        return _validation_error(str(self))
+
+
 def _check_priority(body: dict[str, Any]) -> None:
     """SGLang accepts ``priority`` without --enable-priority-scheduling and ignores
     it (``abort_on_priority_when_disabled`` is off by default); it only checks
@@ -87,7 +94,7 @@ def _check_priority(body: dict[str, Any]) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest("priority: Input should be a valid integer")
+        raise _Invalid("priority: Input should be a valid integer")
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise BadRequest(_PRIORITY_RANGE)
 
@@ -438,6 +445,8 @@ class Emulator:
         self._notify()
         try:
             return await self._generate_checked(body, arrival)
+        except _Invalid as exc:
+            return exc.reply()
         except BadRequest as exc:
             return generate_error(str(exc))
         except SessionError as exc:
@@ -528,7 +537,7 @@ class Emulator:
         budget = max(1, min(max_new, cfg.context_length - len(prompt)))
         spec = SampleSpec(derive_seed(cfg.seed, seed, prompt), budget, cfg.completion_tokens)
         sample = self.speaker.sample(spec, [], None, {})
-        if turn is None:
+        if turn is None or not turn.streaming:
             hint = body.get("session_id")
             cached = await self.gpu.serve(
                 cfg, prompt, sample.ids, hint if isinstance(hint, str) else None

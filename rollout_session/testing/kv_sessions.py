@@ -60,6 +60,7 @@ class SessionTurn:
     # The turn takes a new slot (first turn, or the first after an abort): its
     # prompt is published into the prefix cache for other requests to share.
     publish: bool
+    streaming: bool  # False: an ordinary request for the cache (looked up and filled)
 
 
 @dataclass
@@ -221,7 +222,7 @@ class SessionTable:
                 held = min(session.held_tokens, len(context) - 1)
         else:
             session.nodes[rid] = turn
-        return SessionTurn(session.session_id, turn, held, publish)
+        return SessionTurn(session.session_id, turn, held, publish, session.streaming)
 
     def finish(self, st: SessionTurn, output: Sequence[int]) -> None:
         """``finish_req`` (via ``try_cache_finished_req``): the turn is the rollback point."""

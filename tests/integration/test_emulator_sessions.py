@@ -411,6 +411,8 @@ async def test_priority_is_accepted_and_range_checked(serve: Serve, route: str) 
     bad = await send(1 << 63)
     assert bad.status_code == 400
     assert "priority must be a signed 64-bit integer" in bad.text
+    wrong_type = await send("high")  # FastAPI's validation error: flat, "Bad Request"
+    assert wrong_type.status_code == 400 and wrong_type.json()["type"] == "Bad Request"
 
 
 async def test_counters_for_bytes_and_prefill(serve: Serve) -> None:
@@ -430,3 +432,20 @@ async def test_counters_for_bytes_and_prefill(serve: Serve) -> None:
     assert stats["prefill_tokens"] == emulator.prefill_tokens
     assert stats["bytes_received"] == emulator.bytes_received
     assert stats["kv_sessions"]["sessions"]["a"]["held_tokens"] == emulator.sessions.held_tokens
+
+
+async def test_non_streaming_session_appends_to_a_named_request(serve: Serve) -> None:
+    client, emulator = await serve()
+    await open_session(client, session_id="n", streaming=False)
+    first = await generate(client, ids(1000, 40), "n", rid="r1")
+    out1 = first.json()["output_ids"]
+    # Without a rid the request starts from its own ids (no history).
+    alone = await turn(client, ids(3000, 5), "n")
+    assert alone["meta_info"]["prompt_tokens"] == 5
+    child = await generate(client, ids(2000, 6), "n", session_params={"rid": "r1"})
+    assert child.json()["meta_info"]["prompt_tokens"] == 40 + len(out1) + 6
+    # Its KV goes through the ordinary prefix cache (16-token blocks).
+    assert child.json()["meta_info"]["cached_tokens"] == (40 + len(out1)) // 16 * 16
+    assert emulator.sessions.held_tokens == 0
+    missing = await generate(client, ids(1, 2), "n", session_params={"rid": "zz"})
+    assert error(missing) == "Invalid request session id"
