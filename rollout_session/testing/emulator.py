@@ -1,9 +1,11 @@
 """The SGLang emulator: configuration, per-server state, and chat handling.
 
 Owns `EmulatorConfig`, the `Emulator` (one per app: tokenizer, fake model,
-prefix cache, fault picker, and the counters/records tests inspect and wait
-on), and the handling of one ``/v1/chat/completions`` call (request checks,
-fault selection, cache lookup, latency, recording), independent of HTTP. The
+prefix cache, fault picker, SGLang session table, and the counters/records
+tests inspect and wait on), and the handling of one ``/v1/chat/completions``
+or ``/generate`` call (request checks, fault selection, session append, cache
+lookup, latency, recording) and of ``/open_session`` / ``/close_session``,
+independent of HTTP. The
 Quart app, its routes and `start_emulator` live in `emulator_app`; what the
 model samples and the response JSON in `generation`, the cache model in
 `prefix_cache`, the latency (GPU time) model in `gpu`, errors and injected
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +34,11 @@ from rollout_session.testing.faults import (
     Reply,
     context_length_message,
     early_fault_reply,
+    error_body,
     fault_reply,
 )
 from rollout_session.testing.generation import (
+    Sample,
     SampleSpec,
     Speaker,
     TextModel,
@@ -42,6 +46,7 @@ from rollout_session.testing.generation import (
     derive_seed,
 )
 from rollout_session.testing.gpu import GpuModel
+from rollout_session.testing.kv_sessions import SessionError, SessionTable, SessionTurn
 from rollout_session.testing.prefix_cache import PrefixCache
 from rollout_session.testing.sglang_answer import chat_response, routed_experts_blob
 from rollout_session.tokenization import ChatTokenizer, generation_stop_ids
@@ -49,14 +54,49 @@ from rollout_session.tokenization import ChatTokenizer, generation_stop_ids
 __all__ = ["ChatRecord", "Emulator", "EmulatorConfig"]
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_PRIORITY_RANGE = (
+    "priority must be a signed 64-bit integer between -9223372036854775808 and 9223372036854775807"
+)
+# SamplingParams.max_new_tokens's default (a /generate request without it).
+_GENERATE_MAX_NEW_TOKENS = 128
+
+
 @dataclass(frozen=True)
 class ChatRecord:
-    """One chat request as received: parsed JSON body (None if unparsable)."""
+    """One chat or generate request as received: parsed JSON body (None if unparsable)."""
 
     body: Any
     arrival: float  # trio.current_time()
     fault: str | None
     session_id: str | None
+    route: str = "chat"  # "chat" (/v1/chat/completions) or "generate" (/generate)
+    body_bytes: int = 0  # length of the raw request body
+
+
+def generate_error(message: str, status: int = 400) -> Reply:
+    """The error body of SGLang's native routes (``_create_error_response``)."""
+    return Reply(status, orjson.dumps({"error": {"message": message}}))
+
+
+class _Invalid(BadRequest):
+    """A field of the wrong type: FastAPI's validation error (flat, type "Bad Request")."""
+
+    def reply(self) -> Reply:
+        return _validation_error(str(self))
+
+
+def _check_priority(body: dict[str, Any]) -> None:
+    """SGLang accepts ``priority`` without --enable-priority-scheduling and ignores
+    it (``abort_on_priority_when_disabled`` is off by default); it only checks
+    the int64 range (``TokenizerManager._set_default_priority``)."""
+    value = body.get("priority")
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Invalid("priority: Input should be a valid integer")
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise BadRequest(_PRIORITY_RANGE)
 
 
 def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
@@ -66,6 +106,11 @@ def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise BadRequest(f"{key} must be an integer >= {minimum}")
     return value
+
+
+def _validation_error(message: str) -> Reply:
+    """FastAPI's request validation error as SGLang renders it (flat, 400)."""
+    return Reply(400, error_body(message, type_="Bad Request"))
 
 
 def _session_of(body: dict[str, Any]) -> str | None:
@@ -99,9 +144,17 @@ class Emulator:
         self.cancelled = 0  # handler cancelled before answering: the client went away
         self.endless_ended = 0  # endless_body answers stopped: the client went away
         self.faults_injected: Counter[str] = Counter()
-        self.open_sessions: set[str] = set()
-        self.sessions_opened: list[str] = []
-        self.sessions_closed: list[str] = []
+        # SGLang's session controller: lost with the emulator (a worker restart).
+        self.sessions = SessionTable(self.model.tokenizer.bos_token_id)
+        self.sessions_opened: list[str] = []  # ids of successful /open_session calls
+        self.sessions_closed: list[str] = []  # ids of every /close_session call
+        # Added to trio's clock for session timeouts: tests move time with `advance_clock`.
+        self.clock_offset = 0.0
+        # Work and traffic, over chat and generate requests that were served.
+        self.bytes_received = 0  # request body bytes (every chat/generate request)
+        self.prompt_tokens = 0  # prompt (full context) tokens
+        self.cached_tokens = 0  # of those, served from KV (prefix cache or session slot)
+        self.prefill_tokens = 0  # of those, computed (prompt - cached)
         self._changed = trio.Event()
 
     # -- observability -------------------------------------------------------
@@ -129,6 +182,7 @@ class Emulator:
         await self.wait_until(lambda: self.cancelled >= n)
 
     def stats(self) -> dict[str, Any]:
+        self._reap()
         return {
             "received": self.received,
             "inflight": self.inflight,
@@ -139,31 +193,116 @@ class Emulator:
             "open_sessions": sorted(self.open_sessions),
             "sessions_opened": self.sessions_opened,
             "sessions_closed": self.sessions_closed,
+            "kv_sessions": self.sessions.stats(),
+            "bytes_received": self.bytes_received,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_tokens": self.prefill_tokens,
             "cache_used_tokens": self.cache.used_tokens,
             "gpu": self.gpu.stats(),
         }
 
     # -- sessions ------------------------------------------------------------
 
-    def open_session(self, session_id: str) -> None:
-        self.open_sessions.add(session_id)
-        self.sessions_opened.append(session_id)
-        self._notify()
+    @property
+    def open_sessions(self) -> set[str]:
+        """Ids of the sessions SGLang would hold now (timed-out ones reaped)."""
+        self._reap()
+        return {sid for sid in self.sessions.stats()["sessions"]}
 
-    def close_session(self, session_id: str) -> None:
-        self.open_sessions.discard(session_id)
-        self.sessions_closed.append(session_id)
-        self.cache.release_session(session_id)
+    def now(self) -> float:
+        """The emulator's clock for session timeouts."""
+        return trio.current_time() + self.clock_offset
+
+    def advance_clock(self, seconds: float) -> None:
+        """Move the session clock forward (and reap what timed out), no sleeping."""
+        self.clock_offset += seconds
+        self._reap()
+
+    def _reap(self) -> None:
+        """``SessionController.maybe_reap`` (SGLang runs it about once a second;
+        the emulator before anything that could observe a session)."""
+        before = (len(self.sessions), self.sessions.held_tokens)
+        self.sessions.reap(self.now())
+        self._sessions_changed(before)
+
+    def _sessions_changed(self, before: tuple[int, int] | None = None) -> None:
+        held = self.sessions.held_tokens
+        self.cache.reserve(held)
+        if before is None or before != (len(self.sessions), held):
+            self._notify()
+
+    def open_session(self, raw: bytes) -> Reply:
+        """``/open_session``: the new id as a JSON string, or SGLang's refusal."""
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        self._reap()
+        if not isinstance(body, dict):
+            return _validation_error("body: Input should be a valid dictionary")
+        capacity = body.get("capacity_of_str_len")
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            return _validation_error("capacity_of_str_len: Field required (an integer)")
+        sid, streaming, timeout = (
+            body.get("session_id"),
+            body.get("streaming"),
+            body.get("timeout"),
+        )
+        if sid is not None and not isinstance(sid, str):
+            return _validation_error("session_id: Input should be a valid string")
+        if streaming is not None and not isinstance(streaming, bool):
+            return _validation_error("streaming: Input should be a valid boolean")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float | None):
+            return _validation_error("timeout: Input should be a valid number")
+        if streaming and not self.config.enable_streaming_session:
+            return generate_error(
+                "Streaming sessions are disabled. Please relaunch with --enable-streaming-session."
+            )
+        opened = self.sessions.open(
+            sid, capacity, bool(streaming), None if timeout is None else float(timeout), self.now()
+        )
+        if opened is None:
+            return generate_error(
+                "Failed to open the session. Check if a session with the same id is still open."
+            )
+        self.sessions_opened.append(opened)
         self._notify()
+        return Reply(200, orjson.dumps(opened))
+
+    def close_session(self, raw: bytes) -> Reply:
+        """``/close_session``: 200 with an empty body, whether or not the id is open."""
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        sid = body.get("session_id") if isinstance(body, dict) else None
+        if not isinstance(sid, str):
+            return _validation_error("session_id: Field required")
+        self._reap()
+        self.sessions_closed.append(sid)
+        self.sessions.close(sid)
+        # The emulator's hint-mode model: close also frees what the id inserted.
+        self.cache.release_session(sid)
+        self._sessions_changed()
+        self._notify()
+        return Reply(200, b"")
 
     # -- chat completions ----------------------------------------------------
 
     async def handle_chat(self, raw: bytes, fault_header: str | None) -> Reply:
         """One ``/v1/chat/completions`` call, counted as completed or cancelled."""
+        return await self._counted(self._chat(raw, fault_header))
+
+    async def handle_generate(self, raw: bytes) -> Reply:
+        """One ``/generate`` call, counted as completed or cancelled."""
+        return await self._counted(self._generate(raw))
+
+    async def _counted(self, call: Awaitable[Reply]) -> Reply:
         self.inflight += 1
         self._notify()
         try:
-            reply = await self._chat(raw, fault_header)
+            reply = await call
         except trio.Cancelled:
             self.cancelled += 1
             raise
@@ -188,8 +327,9 @@ class Emulator:
             early: Reply | None = BadRequest(str(exc)).reply()
         else:
             early = None
-        self.requests.append(ChatRecord(body, arrival, fault, session_id))
+        self.requests.append(ChatRecord(body, arrival, fault, session_id, "chat", len(raw)))
         self.received += 1
+        self.bytes_received += len(raw)
         self._notify()
         if early is not None:
             return early
@@ -212,6 +352,10 @@ class Emulator:
             raise BadRequest("the emulator does not stream; send stream: false")
         if body.get("n") not in (None, 1):
             raise BadRequest("n must be 1")
+        # SGLang's chat route declares session_params but never passes it on
+        # (serving_chat builds GenerateReqInput without it): the prompt is
+        # input_ids alone, whatever session it names.
+        _check_priority(body)
         tools = body.get("tools") or None
         if tools is not None and not (
             isinstance(tools, list)
@@ -252,6 +396,7 @@ class Emulator:
             raise BadRequest(f"routed_experts_start_len {start_len} > {forwarded} positions")
 
         cached = await self.gpu.serve(cfg, prompt, sample.ids, session_id)
+        self._count_work(len(prompt), cached)
 
         routed = None
         if body.get("return_routed_experts"):
@@ -274,6 +419,139 @@ class Emulator:
             routed_experts=routed,
             meta_info=body.get("return_meta_info") is True,
         )
+
+    def _count_work(self, prompt_tokens: int, cached: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached
+        self.prefill_tokens += prompt_tokens - cached
+
+    # -- /generate -----------------------------------------------------------
+
+    async def _generate(self, raw: bytes) -> Reply:
+        arrival = trio.current_time()
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        params = body.get("session_params") if isinstance(body, dict) else None
+        sid = params.get("id") if isinstance(params, dict) else None
+        self.requests.append(
+            ChatRecord(
+                body, arrival, None, sid if isinstance(sid, str) else None, "generate", len(raw)
+            )
+        )
+        self.received += 1
+        self.bytes_received += len(raw)
+        self._notify()
+        try:
+            return await self._generate_checked(body, arrival)
+        except _Invalid as exc:
+            return exc.reply()
+        except BadRequest as exc:
+            return generate_error(str(exc))
+        except SessionError as exc:
+            return generate_error(str(exc))
+
+    async def _generate_checked(self, body: Any, arrival: float) -> Reply:
+        cfg = self.config
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        if body.get("stream"):
+            raise BadRequest("the emulator does not stream; send stream: false")
+        params = body.get("session_params")
+        if params is not None and not isinstance(params, dict):
+            raise BadRequest("session_params must be an object")
+        if body.get("session_id") is not None and params is not None:
+            raise BadRequest("session_id and session_params cannot both be set.")
+        ids = body.get("input_ids")
+        vocab = self.model.vocab_size
+        if not (isinstance(ids, list) and all(type(t) is int and 0 <= t < vocab for t in ids)):
+            raise BadRequest(
+                f"input_ids must be a list of ids in [0, {vocab}) "
+                "(the emulator never tokenizes text)"
+            )
+        if not ids and not (params and params.get("id")):
+            raise BadRequest("input_ids cannot be empty.")
+        sampling = body.get("sampling_params") or {}
+        if not isinstance(sampling, dict):
+            raise BadRequest("sampling_params must be an object")
+        max_new = _opt_int(sampling, "max_new_tokens", 0)
+        max_new = _GENERATE_MAX_NEW_TOKENS if max_new is None else max_new
+        _check_priority(body)
+        given_rid = body.get("rid")
+        rid = given_rid if isinstance(given_rid, str) else uuid.uuid4().hex
+        self._reap()
+        turn: SessionTurn | None = None
+        prompt: list[int] = ids
+        if params is not None and params.get("id") is not None:
+            turn = self.sessions.create(params, rid, ids, max_new, self.now())
+            prompt = turn.turn.context
+            self._sessions_changed()  # tests wait for the turn to be in flight
+        seed = _opt_int(sampling, "sampling_seed", _INT64_MIN)
+        try:
+            sample, cached = await self._run(body, prompt, turn, max_new, seed)
+        except BaseException:
+            if turn is not None:
+                self.sessions.abort(turn)
+                self._sessions_changed()
+            raise
+        if turn is not None:
+            self.sessions.finish(turn, sample.ids)
+            self._sessions_changed()
+        self._count_work(len(prompt), cached)
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": dict(sample.finish),
+            "prompt_tokens": len(prompt),
+            "weight_version": cfg.weight_version,
+            "num_retractions": 0,
+        }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [
+                [lp, tok, None] for lp, tok in zip(sample.logprobs, sample.ids, strict=True)
+            ]
+        meta.update(
+            reasoning_tokens=0,
+            completion_tokens=len(sample.ids),
+            cached_tokens=cached,
+            e2e_latency=trio.current_time() - arrival,
+        )
+        text = self.model.tokenizer.decode(sample.ids, skip_special_tokens=True)
+        return Reply(200, orjson.dumps({"text": text, "output_ids": sample.ids, "meta_info": meta}))
+
+    async def _run(
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        turn: SessionTurn | None,
+        max_new: int,
+        seed: int | None,
+    ) -> tuple[Sample, int]:
+        """Sample and wait the GPU time of one /generate request; (sample, cached)."""
+        cfg = self.config
+        if len(prompt) >= cfg.context_length:
+            raise BadRequest(
+                f"The input ({len(prompt)} tokens) is longer than the model's context "
+                f"length ({cfg.context_length} tokens)."
+            )
+        budget = max(1, min(max_new, cfg.context_length - len(prompt)))
+        spec = SampleSpec(derive_seed(cfg.seed, seed, prompt), budget, cfg.completion_tokens)
+        sample = self.speaker.sample(spec, [], None, {})
+        if turn is None or not turn.streaming:
+            hint = body.get("session_id")
+            cached = await self.gpu.serve(
+                cfg, prompt, sample.ids, hint if isinstance(hint, str) else None
+            )
+        else:
+            cached = await self.gpu.serve(
+                cfg,
+                prompt,
+                sample.ids,
+                None,
+                held=turn.held_prefix,
+                fill="prompt" if turn.publish else "none",
+            )
+        return sample, cached
 
     def _prompt_ids(self, ids: Any) -> list[int]:
         """The prompt: ``input_ids`` only. SGLang would render ``messages``

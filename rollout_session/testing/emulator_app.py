@@ -3,7 +3,7 @@
 Owns `create_emulator_app` (one `Emulator` per app, reachable as
 ``app.extensions["emulator"]``), the thin route adapters (SGLang's
 ``/health``, ``/get_model_info``, ``/v1/models``, ``/v1/chat/completions``,
-``/open_session``, ``/close_session``, plus ``/emulator/stats``) and
+``/generate``, ``/open_session``, ``/close_session``, plus ``/emulator/stats``) and
 `start_emulator`. What a call does is the `Emulator`'s job (`emulator`);
 this module only moves bytes and status codes between it and HTTP.
 """
@@ -11,7 +11,6 @@ this module only moves bytes and status codes between it and HTTP.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -21,7 +20,7 @@ from quart_trio import QuartTrio
 
 from rollout_session.serving import RunningServer, start_server
 from rollout_session.testing.emulator import Emulator, EmulatorConfig
-from rollout_session.testing.faults import FAULT_HEADER, BodyFaultMiddleware, error_body
+from rollout_session.testing.faults import FAULT_HEADER, BodyFaultMiddleware, Reply
 from rollout_session.testing.generation import TextModel
 
 __all__ = ["create_emulator_app", "start_emulator"]
@@ -29,6 +28,17 @@ __all__ = ["create_emulator_app", "start_emulator"]
 
 def _json(payload: Any) -> Response:
     return Response(orjson.dumps(payload), content_type="application/json")
+
+
+def _reply(reply: Reply) -> Response:
+    return Response(
+        reply.body, status=reply.status, content_type="application/json", headers=reply.headers
+    )
+
+
+async def _raw_body() -> bytes:
+    data: bytes = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+    return data
 
 
 def create_emulator_app(
@@ -74,28 +84,21 @@ def create_emulator_app(
         return _json({"object": "list", "data": [model]})
 
     async def chat() -> Response:
-        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        reply = await emulator.handle_chat(raw, request.headers.get(FAULT_HEADER))
-        return Response(
-            reply.body, status=reply.status, content_type="application/json", headers=reply.headers
-        )
+        raw = await _raw_body()
+        return _reply(await emulator.handle_chat(raw, request.headers.get(FAULT_HEADER)))
+
+    async def generate() -> Response:
+        return _reply(await emulator.handle_generate(await _raw_body()))
 
     async def open_session() -> Response:
-        body = await request.get_json(force=True, silent=True)
-        sid = body.get("session_id") if isinstance(body, dict) else None
-        sid = sid if isinstance(sid, str) and sid else uuid.uuid4().hex
-        emulator.open_session(sid)
-        return _json(sid)  # SGLang answers with the session id as a JSON string
+        # SGLang answers with the session id as a JSON string.
+        return _reply(emulator.open_session(await _raw_body()))
 
     async def close_session() -> Response:
-        body = await request.get_json(force=True, silent=True)
-        sid = body.get("session_id") if isinstance(body, dict) else None
-        if not isinstance(sid, str) or not sid:
-            return Response(
-                error_body("session_id is required"), 400, content_type="application/json"
-            )
-        emulator.close_session(sid)
-        return Response(b"", 200)
+        reply = emulator.close_session(await _raw_body())
+        if reply.status == 200:
+            return Response(b"", 200)  # SGLang: Response(status_code=200), no body
+        return _reply(reply)
 
     async def stats() -> Response:
         return _json(emulator.stats())
@@ -105,6 +108,7 @@ def create_emulator_app(
         ("/get_model_info", model_info, "GET"),
         ("/v1/models", models, "GET"),
         ("/v1/chat/completions", chat, "POST"),
+        ("/generate", generate, "POST"),
         ("/open_session", open_session, "POST"),
         ("/close_session", close_session, "POST"),
         ("/emulator/stats", stats, "GET"),

@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--fault-rate", type=float, default=d["fault_rate"],
         help="fraction of chat completions that get --fault (default: %(default)s)")  # fmt: skip
     add("--weight-version", default=d["weight_version"], help="reported weight_version")
+    add(
+        "--enable-streaming-session",
+        action="store_true",
+        help="accept /open_session with streaming: true (SGLang's flag of the same name)",
+    )
     add("--record-limit", type=int, default=d["record_limit"],
         help="chat requests kept for inspection (default: %(default)s)")  # fmt: skip
 
@@ -93,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         fault=args.fault,
         fault_rate=args.fault_rate,
         weight_version=args.weight_version,
+        enable_streaming_session=args.enable_streaming_session,
         record_limit=args.record_limit,
     )
 

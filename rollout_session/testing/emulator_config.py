@@ -43,6 +43,9 @@ class EmulatorConfig:
     fault: str | None = None
     fault_rate: float = 1.0
     weight_version: str = "default"
+    # SGLang's --enable-streaming-session (off by default, as in SGLang):
+    # /open_session with streaming: true is refused without it.
+    enable_streaming_session: bool = False
     # Chat requests kept in `Emulator.requests` (oldest dropped first); long
     # benchmarks keep this small since bodies carry whole prompts.
     record_limit: int = 1000

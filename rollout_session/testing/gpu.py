@@ -37,7 +37,7 @@ The costs are read from the emulator's config on every request (tests swap
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import trio
 
@@ -98,22 +98,45 @@ class GpuModel:
         prompt: Sequence[int],
         sampled: Sequence[int],
         session_id: str | None,
+        *,
+        held: int | None = None,
+        fill: Literal["all", "prompt", "none"] = "all",
     ) -> int:
-        """Wait the request's GPU time and update the cache; returns its cached tokens."""
+        """Wait the request's GPU time and update the cache; returns its cached tokens.
+
+        ``held``: the prefix a streaming session's slot holds (served from it,
+        the cache is not looked up). ``fill``: what the cache keeps afterwards
+        (a streaming turn publishes at most its first prompt; its KV stays in
+        the slot).
+        """
         if not costs.gpu_contention:
-            cached = self.cache.match(prompt)
+            cached = self.cache.match(prompt) if held is None else held
             await trio.sleep(
                 costs.base_latency_s
                 + costs.prefill_s_per_token * (len(prompt) - cached)
                 + costs.decode_s_per_token * len(sampled)
             )
-            self.cache.insert([*prompt, *sampled], session_id)
+            self._fill(prompt, sampled, session_id, fill)
             return cached
         await trio.sleep(costs.base_latency_s)
-        cached = await self._prefill(prompt, session_id, costs.prefill_s_per_token)
+        cached = await self._prefill(
+            prompt, session_id, costs.prefill_s_per_token, held, fill != "none"
+        )
         await self._decode(costs.decode_s_per_token * len(sampled))
-        self.cache.insert([*prompt, *sampled], session_id)
+        self._fill(prompt, sampled, session_id, fill)
         return cached
+
+    def _fill(
+        self,
+        prompt: Sequence[int],
+        sampled: Sequence[int],
+        session_id: str | None,
+        fill: Literal["all", "prompt", "none"],
+    ) -> None:
+        if fill == "all":
+            self.cache.insert([*prompt, *sampled], session_id)
+        elif fill == "prompt":
+            self.cache.insert(prompt, session_id)
 
     # -- contention ----------------------------------------------------------
 
@@ -140,13 +163,18 @@ class GpuModel:
         self._notify()
 
     async def _prefill(
-        self, prompt: Sequence[int], session_id: str | None, s_per_token: float
+        self,
+        prompt: Sequence[int],
+        session_id: str | None,
+        s_per_token: float,
+        held: int | None,
+        publish: bool,
     ) -> int:
         self.prefill_waiting += 1
         self._notify()
         try:
             async with self._prefill_lock:
-                cached = self.cache.match(prompt)
+                cached = self.cache.match(prompt) if held is None else held
                 seconds = s_per_token * (len(prompt) - cached)
                 if seconds > 0:
                     self._set_prefilling(True)
@@ -154,7 +182,8 @@ class GpuModel:
                         await trio.sleep(seconds)
                     finally:
                         self._set_prefilling(False)
-                self.cache.insert(prompt, session_id)
+                if publish:
+                    self.cache.insert(prompt, session_id)
                 return cached
         finally:
             self.prefill_waiting -= 1

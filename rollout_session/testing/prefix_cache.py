@@ -12,6 +12,10 @@ insert refreshes a chain from its deepest block to its root so that leaves are
 evicted before the prefixes they extend. Blocks inserted by a request that
 carries a session id are owned by that session; closing the session frees the
 blocks no other session (and no anonymous request) also inserted.
+
+KV held outside the cache (streaming sessions' slots, `reserve`) shares the
+pool: the cache keeps at most capacity minus the held tokens, evicting LRU
+blocks when the held amount grows. Held KV is never evicted.
 """
 
 from __future__ import annotations
@@ -40,12 +44,27 @@ class PrefixCache:
             raise ValueError("capacity_tokens must be >= 0 and block_tokens >= 1")
         self.block_tokens = block_tokens
         self.capacity_blocks = capacity_tokens // block_tokens
+        self.reserved_tokens = 0
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
         self._by_session: dict[str, set[bytes]] = {}
 
     @property
     def used_tokens(self) -> int:
         return len(self._blocks) * self.block_tokens
+
+    @property
+    def _room_blocks(self) -> int:
+        return max(0, self.capacity_blocks - -(-self.reserved_tokens // self.block_tokens))
+
+    def reserve(self, tokens: int) -> None:
+        """Set the KV held outside the cache; evicts LRU blocks down to what is left."""
+        self.reserved_tokens = tokens
+        self._evict()
+
+    def _evict(self) -> None:
+        while len(self._blocks) > self._room_blocks:
+            key, block = self._blocks.popitem(last=False)
+            self._forget(key, block)
 
     def session_tokens(self, session_id: str) -> int:
         """Tokens held by blocks the session inserted."""
@@ -78,10 +97,11 @@ class PrefixCache:
 
     def insert(self, ids: Sequence[int], session_id: str | None = None) -> None:
         """Cache every full block of ``ids`` (prompt + completion), evicting LRU blocks."""
-        if self.capacity_blocks == 0:
+        room = self._room_blocks
+        if room == 0:
             return
         # A block is useless without its ancestors: keep the head of a long sequence.
-        keys = self._keys(ids)[: self.capacity_blocks]
+        keys = self._keys(ids)[:room]
         for key in keys:
             block = self._blocks.setdefault(key, _Block())
             if session_id is None:
@@ -90,9 +110,7 @@ class PrefixCache:
                 block.owners.add(session_id)
                 self._by_session.setdefault(session_id, set()).add(key)
         self._refresh(keys)
-        while len(self._blocks) > self.capacity_blocks:
-            key, block = self._blocks.popitem(last=False)
-            self._forget(key, block)
+        self._evict()
 
     def release_session(self, session_id: str) -> int:
         """Drop the session's blocks that nobody else holds; returns tokens freed."""
