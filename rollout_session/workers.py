@@ -123,6 +123,9 @@ class Worker:
     chat_probing: bool = False
     # The served model, once an admission check saw it listed.
     model: str | None = None
+    # --kv-sessions hint: whether its /server_info says it honours session
+    # ids (--enable-session-radix-cache); None = not asked (yet).
+    session_hints: bool | None = None
     # Why the last probe or turn failed (operators only: it names the worker).
     last_error: str | None = None
     last_checked_at: float | None = None
@@ -143,6 +146,7 @@ class Worker:
             "circuit": self.circuit.value,
             "draining": self.draining,
             "model": self.model,
+            "session_hints": self.session_hints,
             "active_sessions": self.active_sessions,
             "inflight": self.inflight,
             "consecutive_failures": self.consecutive_failures,
@@ -322,6 +326,36 @@ class WorkerPool:
         else:
             logger.info("shutdown: closed %d worker sessions", len(pinned))
 
+    def _check_hint_support(self, worker: Worker) -> None:
+        """With --kv-sessions hint, warn (once per worker) when the worker
+        does not say it runs --enable-session-radix-cache: without it SGLang
+        ignores the hints, and nothing else would tell the operator."""
+        key = (worker.url, "hint_support")
+        if self._settings.kv_sessions != "hint" or key in self._control_logged:
+            return
+        self._control_logged.add(key)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._read_hint_support, worker)
+
+    async def _read_hint_support(self, worker: Worker) -> None:
+        url = worker.url
+        try:
+            response = await self._probe_client.get(f"{url}/server_info")
+            enabled = response.status_code == 200 and (
+                response.json().get("enable_session_radix_cache") is True
+            )
+        except (httpx.HTTPError, ValueError, AttributeError):
+            enabled = False
+        worker.session_hints = enabled
+        self._notify()
+        if not enabled:
+            logger.warning(
+                "--kv-sessions hint: worker %s does not report enable_session_radix_cache "
+                "in /server_info; SGLang ignores session ids unless it runs with "
+                "--enable-session-radix-cache (docs/kv-sessions.md)",
+                url,
+            )
+
     def _control_failed(self, url: str, call: str, reason: str) -> None:
         """A best-effort control call failed: logged once per worker and call
         (a dead worker would repeat it for every session), always counted."""
@@ -339,6 +373,7 @@ class WorkerPool:
         if worker is not None:
             worker.last_error = f"{call}: {reason}"
         self.control_failures[call] += 1
+        self._notify()
 
     async def _send(self, worker: Worker, session_id: str, payload: bytes) -> UpstreamReply:
         settings = self._settings
@@ -571,6 +606,7 @@ class WorkerPool:
             elif self.served is not None and self.served.model in card.models:
                 worker.model = self.served.model
                 self._record(worker, ok=True)
+                self._check_hint_support(worker)
             else:
                 served = self.served.model if self.served else "?"
                 listed = ", ".join(card.models)

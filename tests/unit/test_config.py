@@ -22,6 +22,8 @@ from rollout_session.cli import _add_serve_arguments, settings_from_args
         {"workers": ("http://w",), "upstream_timeout_s": 0},
         {"workers": ("http://w",), "cpu_threads": 0},
         {"workers": ("http://w",), "log_level": "loud"},
+        {"workers": ("http://w",), "kv_sessions": "always"},
+        {"workers": ("http://w",), "default_priority": 1 << 63},
     ],
     ids=[
         "no-worker",
@@ -33,6 +35,8 @@ from rollout_session.cli import _add_serve_arguments, settings_from_args
         "timeout",
         "threads",
         "log-level",
+        "kv-sessions",
+        "priority",
     ],
 )
 def test_invalid_settings_are_rejected(kwargs: dict[str, object]) -> None:
@@ -71,3 +75,16 @@ def test_flags_and_environment() -> None:
     assert (
         demo.demo and demo.workers == () and demo.chat_template_kwargs == {"enable_thinking": False}
     )
+
+
+def test_kv_sessions_stream_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="ignores session_params"):
+        Settings(workers=("http://w",), kv_sessions="stream")
+
+
+def test_the_old_session_cache_flag_is_hint() -> None:
+    assert parse(["--demo", "--sglang-session-cache"], {}).kv_sessions == "hint"
+    assert parse(["--demo", "--kv-sessions", "hint"], {}).kv_sessions == "hint"
+    env = {"ROLLOUT_SESSION_KV_SESSIONS": "hint", "ROLLOUT_SESSION_DEFAULT_PRIORITY": "-2"}
+    settings = parse(["--demo"], env)
+    assert (settings.kv_sessions, settings.default_priority) == ("hint", -2)
