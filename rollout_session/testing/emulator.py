@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -57,6 +57,8 @@ class ChatRecord:
     arrival: float  # trio.current_time()
     fault: str | None
     session_id: str | None
+    # Its headers, names lowercased (what a proxy in front passed on).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
@@ -158,12 +160,14 @@ class Emulator:
 
     # -- chat completions ----------------------------------------------------
 
-    async def handle_chat(self, raw: bytes, fault_header: str | None) -> Reply:
+    async def handle_chat(
+        self, raw: bytes, fault_header: str | None, headers: Mapping[str, str] | None = None
+    ) -> Reply:
         """One ``/v1/chat/completions`` call, counted as completed or cancelled."""
         self.inflight += 1
         self._notify()
         try:
-            reply = await self._chat(raw, fault_header)
+            reply = await self._chat(raw, fault_header, headers or {})
         except trio.Cancelled:
             self.cancelled += 1
             raise
@@ -174,7 +178,9 @@ class Emulator:
             self.inflight -= 1
             self._notify()
 
-    async def _chat(self, raw: bytes, fault_header: str | None) -> Reply:
+    async def _chat(
+        self, raw: bytes, fault_header: str | None, headers: Mapping[str, str]
+    ) -> Reply:
         arrival = trio.current_time()
         try:
             body: Any = orjson.loads(raw)
@@ -188,7 +194,7 @@ class Emulator:
             early: Reply | None = BadRequest(str(exc)).reply()
         else:
             early = None
-        self.requests.append(ChatRecord(body, arrival, fault, session_id))
+        self.requests.append(ChatRecord(body, arrival, fault, session_id, headers))
         self.received += 1
         self._notify()
         if early is not None:
@@ -254,7 +260,7 @@ class Emulator:
         cached = await self.gpu.serve(cfg, prompt, sample.ids, session_id)
 
         routed = None
-        if body.get("return_routed_experts"):
+        if body.get("return_routed_experts") and cfg.return_routed_experts:
             routed = routed_experts_blob(
                 (prompt + sample.ids)[:forwarded],
                 start_len,
@@ -266,7 +272,8 @@ class Emulator:
         return chat_response(
             sample,
             rid=rid if isinstance(rid, str) else uuid.uuid4().hex,
-            model=cfg.model_name,
+            # SGLang echoes the request's `model` ("default" when it has none).
+            model=body["model"] if isinstance(body.get("model"), str) else "default",
             prompt_tokens=len(prompt),
             cached_tokens=cached,
             weight_version=cfg.weight_version,

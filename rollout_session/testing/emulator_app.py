@@ -75,7 +75,8 @@ def create_emulator_app(
 
     async def chat() -> Response:
         raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-        reply = await emulator.handle_chat(raw, request.headers.get(FAULT_HEADER))
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        reply = await emulator.handle_chat(raw, request.headers.get(FAULT_HEADER), headers)
         return Response(
             reply.body, status=reply.status, content_type="application/json", headers=reply.headers
         )
