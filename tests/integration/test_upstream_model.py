@@ -4,12 +4,14 @@ best-effort calls that fail (docs/deploy.md#behind-smg)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import pytest
 import trio
 
 from rollout_session import Settings
+from rollout_session.cli import _add_serve_arguments, settings_from_args
 from rollout_session.testing import EmulatorConfig
 
 from ..conftest import StackFactory
@@ -54,6 +56,24 @@ async def test_upstream_model_decides_the_model_sent(
 
 def test_the_default_sends_the_served_model() -> None:
     assert Settings(workers=("http://127.0.0.1:1",)).upstream_model == "served"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], {}, "served"),
+        ([], {"ROLLOUT_SESSION_UPSTREAM_MODEL": "agent"}, "agent"),
+        (["--upstream-model", "alias"], {"ROLLOUT_SESSION_UPSTREAM_MODEL": "agent"}, "alias"),
+    ],
+    ids=["default", "environment", "flag-wins"],
+)
+def test_upstream_model_flag_and_environment(
+    argv: list[str], env: dict[str, str], expected: str
+) -> None:
+    parser = argparse.ArgumentParser()
+    _add_serve_arguments(parser, env)
+    settings = settings_from_args(parser.parse_args(["--worker", "http://w:1", *argv]))
+    assert settings.upstream_model == expected
 
 
 @pytest.mark.parametrize("value", ["", " padded", "line\nbreak"], ids=["empty", "padded", "ctrl"])
