@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,9 +157,8 @@ async def behind_smg(
     async def factory(
         num_workers: int = 2, emulator: EmulatorConfig | None = None, **settings: Any
     ) -> tuple[Stack, Gateway]:
-        config = emulator or EmulatorConfig()
-        config = EmulatorConfig(
-            **{**config.__dict__, "chat_template": chat_tokenizers["chatml"].chat_template}
+        config = replace(
+            emulator or EmulatorConfig(), chat_template=chat_tokenizers["chatml"].chat_template
         )
         workers = [await spawn_worker(nursery, text_model, config) for _ in range(num_workers)]
         gateway = await start_smg(nursery, [w.url for w in workers], tmp_path / "smg.log")
