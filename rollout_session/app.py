@@ -91,7 +91,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         ),
         pause=PauseGate(settings.pause_wait_s),
         metrics=Metrics(lambda: ctx),
-        model=ServedModel(pool, settings.context_length),
+        model=ServedModel(pool, settings.context_length, settings.upstream_model),
         tokenizer=tokenizer,
     )
     app.extensions[_EXTENSION] = ctx

@@ -70,6 +70,13 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--max-segments", "max_segments", int, "segments per session; more → 400"),
     ("--session-header", "session_header", str, "header naming the session on /v1 at the root"),
     ("--context-length", "context_length", int, "model context (default: from worker)"),
+    (
+        "--upstream-model",
+        "upstream_model",
+        str,
+        "model sent upstream: served (the name the worker or gateway lists), agent "
+        "(the agent's own), or a fixed NAME",
+    ),
     ("--upstream-timeout-s", "upstream_timeout_s", float, "whole-turn worker timeout"),
     ("--connect-timeout-s", "connect_timeout_s", float, "worker connect timeout"),
     ("--upstream-max-connections", "upstream_max_connections", int, "pool size per worker"),

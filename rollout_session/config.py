@@ -16,7 +16,7 @@ from .placement import PLACEMENTS
 from .segments import OnDivergence, PromptMode
 from .worker_urls import WorkerHosts, worker_url
 
-__all__ = ["KNOWN_ROLES", "Settings"]
+__all__ = ["KNOWN_ROLES", "UPSTREAM_MODEL_AGENT", "UPSTREAM_MODEL_SERVED", "Settings"]
 
 # Roles a request may carry. "developer" is OpenAI's newer name for system.
 ON_DIVERGENCE = tuple(p.value for p in OnDivergence)
@@ -27,6 +27,9 @@ KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # each new position (docs/reliability.md#worker-answers).
 _MAX_ANSWER_MB = 64.0
 _MAX_ANSWER_MB_EXPERTS = 1024.0
+# --upstream-model's keywords; any other value is a model name sent as is.
+UPSTREAM_MODEL_SERVED = "served"
+UPSTREAM_MODEL_AGENT = "agent"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +109,11 @@ class Settings:
     default_priority: int | None = None
     # R3: ask workers for routed experts of new positions; store and export them.
     routed_experts: bool = False
+    # The `model` every turn is sent upstream with: "served" (the name the
+    # worker or gateway lists first in /v1/models), "agent" (the agent's own,
+    # the served name when it sent none) or a fixed name. A gateway routes on
+    # it: an agent's "model": "any" would find no worker there.
+    upstream_model: str = UPSTREAM_MODEL_SERVED
     # The trainer's key: sessions and their model routes need it (or a
     # session's own key, derived from it) when set (docs/security.md).
     api_key: str | None = None
@@ -222,6 +230,9 @@ class Settings:
             or any(c in self.session_header for c in ' \t:()<>@,;\\"/[]?={}')
         ):
             raise ValueError(f"session_header {self.session_header!r} is not a header name")
+        model = self.upstream_model
+        if not (model and model.isprintable() and model == model.strip()):
+            raise ValueError("upstream_model must be printable, not empty, not padded")
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError(f"unknown log level {self.log_level!r}")
 
@@ -233,6 +244,12 @@ class Settings:
     def max_answer_bytes(self) -> int:
         default = _MAX_ANSWER_MB_EXPERTS if self.routed_experts else _MAX_ANSWER_MB
         return int((self.max_answer_mb or default) * 1024 * 1024)
+
+    @property
+    def fixed_upstream_model(self) -> str | None:
+        """The name `upstream_model` fixes, None for its keywords."""
+        model = self.upstream_model
+        return None if model in (UPSTREAM_MODEL_SERVED, UPSTREAM_MODEL_AGENT) else model
 
     @property
     def allowed_worker_hosts(self) -> WorkerHosts | None:

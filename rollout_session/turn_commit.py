@@ -72,7 +72,7 @@ def commit_turn(
         completion_end=completion_start + len(answer.ids),
         messages_end=len(plan.messages) + 1,
         finish_reason=answer.finish_reason,
-        worker=reply.worker,
+        worker=reply.served_by,  # behind a gateway, the worker it routed to
         weight_version=answer.weight_version,
         cached_tokens=answer.cached_tokens,
         upstream_latency_s=reply.latency_s,

@@ -96,7 +96,8 @@ def upstream_body(
         body["chat_template_kwargs"] = plan.kwargs
     body["input_ids"] = plan.input_ids
     body["rid"] = uuid.uuid4().hex
-    if model and not isinstance(body.get("model"), str):
+    if model:
+        # Replaces the agent's: ServedModel.upstream_name decided it (--upstream-model).
         body["model"] = model
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
@@ -193,7 +194,7 @@ class TurnRunner:
         payload = upstream_body(
             request,
             plan,
-            model.name,
+            model.upstream_name(request.raw.get("model")),
             session_hint=session.id if policy.session_hint else None,
             routed_experts=policy.routed_experts,
             max_tokens=budget,

@@ -34,6 +34,7 @@ from .errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
 
 __all__ = [
     "PROBE_SESSION",
+    "ROUTED_WORKER_HEADER",
     "AnswerTooLarge",
     "Exchange",
     "ModelInfo",
@@ -44,10 +45,16 @@ __all__ = [
     "fetch_model_info",
     "forwardable_headers",
     "post_chat",
+    "routed_worker",
 ]
 
 logger = logging.getLogger("rollout_session")
 
+# The worker sgl-model-gateway (smg) routed a request to: its URL as
+# registered there (with "@<rank>" for a data-parallel worker).
+ROUTED_WORKER_HEADER = b"x-smg-routed-worker-id"
+# A URL longer than this is not a gateway's worker id.
+_MAX_ROUTED_WORKER_BYTES = 2048
 # Not forwarded to the agent: framing and hop-by-hop headers are the proxy's
 # own; a content-encoding is never asked for (`accept-encoding: identity`).
 _DROPPED_HEADERS = frozenset(
@@ -64,6 +71,8 @@ _DROPPED_HEADERS = frozenset(
         b"content-encoding",
         b"server",
         b"date",
+        # A gateway's (below): it names an internal worker, which agents never learn.
+        ROUTED_WORKER_HEADER,
     }
 )
 _CHAT_PATH = "/v1/chat/completions"
@@ -347,8 +356,16 @@ class UpstreamReply:
     status: int
     headers: list[tuple[bytes, bytes]]
     body: bytes
-    worker: str
+    worker: str  # the pool's worker (a gateway's URL behind one)
     latency_s: float
+    # The worker behind a gateway that answered, as the gateway reports it
+    # (`ROUTED_WORKER_HEADER`); None without a gateway.
+    routed_worker: str | None = None
+
+    @property
+    def served_by(self) -> str:
+        """The worker that generated the answer: what a turn records."""
+        return self.routed_worker or self.worker
 
 
 @dataclass(slots=True, frozen=True)
@@ -362,6 +379,27 @@ class ModelInfo:
 
 class NotSent(Exception):
     """The request never reached the worker (connect refused / timed out)."""
+
+
+def routed_worker(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The gateway's `ROUTED_WORKER_HEADER`, if it is a plausible worker id.
+    A malformed one is logged and ignored: the turn then records the gateway."""
+    for name, value in headers:
+        if name.lower() != ROUTED_WORKER_HEADER:
+            continue
+        text = value.decode("ascii", "replace").strip()
+        if (
+            text
+            and len(value) <= _MAX_ROUTED_WORKER_BYTES
+            and text.isascii()
+            and text.isprintable()
+        ):
+            return text
+        logger.warning(
+            "ignoring a malformed %s header: %.80r", ROUTED_WORKER_HEADER.decode(), value
+        )
+        return None
+    return None
 
 
 def forwardable_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -405,6 +443,7 @@ async def post_chat(
         body=response.body,
         worker=url,
         latency_s=time.perf_counter() - started,
+        routed_worker=routed_worker(response.headers),
     )
 
 

@@ -230,13 +230,20 @@ def decode_routed_experts(
 ) -> tuple[bytes, int] | None:
     """Check a routed-experts delta covering `positions` new positions.
 
-    Returns (little-endian int32 bytes, values per position), or None when the
-    worker sent none (a dense model). `width` is what earlier turns had.
+    Returns (little-endian int32 bytes, values per position), or None for no
+    positions before any width is known. `width` is what earlier turns had.
+    An answer without the blob is refused: it was asked for, and a worker
+    that cannot send it (a dense model, or SGLang started without
+    ``--enable-return-routed-experts``) must not pass as one with no experts.
     """
     if blob is None:
         if width is not None:
             raise UpstreamMalformed("worker stopped sending routed_experts", kind="routed_experts")
-        return None
+        raise UpstreamMalformed(
+            "worker answer has no routed_experts although --routed-experts asked for them "
+            "(a MoE model served by SGLang with --enable-return-routed-experts is needed)",
+            kind="routed_experts",
+        )
     try:
         # pybase64 (SIMD), not the standard library's
         # (docs/performance.md#routed-experts-with-pybase64).

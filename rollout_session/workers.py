@@ -129,6 +129,10 @@ class Worker:
     # Why the last probe or turn failed (operators only: it names the worker).
     last_error: str | None = None
     last_checked_at: float | None = None
+    # Failed best-effort calls (POST /close_session), by call. Logged at the
+    # first only, however often it fails (a gateway without the route fails
+    # every one).
+    control_failures: Counter[str] = field(default_factory=Counter)
     idle: trio.Event = field(default_factory=trio.Event)
     # Set once a drain removed it (None: no drain begun).
     removed: trio.Event | None = None
@@ -153,6 +157,7 @@ class Worker:
             "circuit_failures": self.circuit_failures,
             "last_error": self.last_error,
             "last_checked_at": self.last_checked_at,
+            "control_failures": dict(self.control_failures),
         }
 
 
@@ -294,18 +299,19 @@ class WorkerPool:
             self._nursery.start_soon(self._close_remote_session, worker.url, session_id)
 
     async def _close_remote_session(self, url: str, session_id: str) -> None:
-        # Best effort: a dead worker must not delay a DELETE or a turn. The
-        # body is never read.
+        # Best effort, in the background: a dead worker must not delay a DELETE
+        # or a turn. The answer's body is never read.
+        call = "POST /close_session"
         try:
             async with self._probe_client.stream(
                 "POST", f"{url}/close_session", json={"session_id": session_id}
             ) as response:
                 status = response.status_code
         except httpx.HTTPError as exc:
-            self._control_failed(url, "close_session", str(exc))
+            self._control_failed(url, call, f"{type(exc).__name__}: {exc}")
             return
-        if status != 200:
-            self._control_failed(url, "close_session", f"answered {status}")
+        if not 200 <= status < 300:
+            self._control_failed(url, call, f"answered {status}")
 
     async def close_remote_sessions(self, sessions: Iterable[Session]) -> None:
         """Server shutdown, with --kv-sessions hint: close every session's
@@ -356,24 +362,27 @@ class WorkerPool:
                 url,
             )
 
-    def _control_failed(self, url: str, call: str, reason: str) -> None:
-        """A best-effort control call failed: logged once per worker and call
-        (a dead worker would repeat it for every session), always counted."""
-        worker = self.workers.get(url)
-        key = (url, call)
-        if key not in self._control_logged:
-            self._control_logged.add(key)
-            logger.warning(
-                "%s on %s failed (%s); later failures of it on this worker are only "
-                "counted (rollout_control_failures_total)",
-                call,
-                url,
-                reason,
-            )
-        if worker is not None:
-            worker.last_error = f"{call}: {reason}"
+    def _control_failed(self, url: str, call: str, detail: str) -> None:
+        """A best-effort call to a worker failed: ignored, but never silently.
+        Counted (per worker in `GET /workers`, in total in
+        rollout_control_failures_total) and logged once per worker and call:
+        a dead worker would otherwise log once per session."""
         self.control_failures[call] += 1
+        worker = self.workers.get(url)
+        if worker is not None:
+            worker.control_failures[call] += 1
         self._notify()
+        if (url, call) in self._control_logged:
+            return
+        self._control_logged.add((url, call))
+        logger.warning(
+            "worker %s: %s failed (%s); ignored (best effort), and further failures of "
+            "it on this worker are only counted. Behind a gateway without the route "
+            "(smg), --kv-sessions hint releases no KV: SGLang evicts it itself",
+            url,
+            call,
+            detail,
+        )
 
     async def _send(self, worker: Worker, session_id: str, payload: bytes) -> UpstreamReply:
         settings = self._settings
@@ -474,7 +483,8 @@ class WorkerPool:
             and self._nursery is not None
         ):
             worker.chat_probing = True
-            self._nursery.start_soon(self._probe_chat, worker, self.served.model)
+            model = self._settings.fixed_upstream_model or self.served.model
+            self._nursery.start_soon(self._probe_chat, worker, model)
 
     async def _probe_chat(self, worker: Worker, model: str) -> None:
         settings = self._settings
@@ -558,27 +568,34 @@ class WorkerPool:
         """Return once the worker at `url` can (or cannot) take pins."""
         await self.wait_until(lambda: self.get(url).healthy is healthy)
 
-    async def _health_ok(self, worker: Worker) -> bool:
+    async def _health_failure(self, worker: Worker) -> str | None:
+        """Why `GET /health` failed (logged when it changes: `_record`), None
+        when it answered 200."""
+        timeout = self._settings.health_timeout_s
         try:
-            with trio.fail_after(self._settings.health_timeout_s):
+            with trio.fail_after(timeout):
                 # The status is the answer; a body is never read.
                 async with self._probe_client.stream("GET", f"{worker.url}/health") as response:
-                    return response.status_code == 200
-        except (httpx.HTTPError, trio.TooSlowError):
-            return False
+                    status = response.status_code
+        except trio.TooSlowError:
+            return f"GET /health: no answer within {timeout:g} s"
+        except httpx.HTTPError as exc:
+            return f"GET /health: {type(exc).__name__}: {exc}"
+        return None if status == 200 else f"GET /health answered {status}"
 
     async def _probe(self, worker: Worker) -> None:
-        ok = await self._health_ok(worker)
+        reason = await self._health_failure(worker)
         worker.last_checked_at = self._clock()
         if self.workers.get(worker.url) is worker:
-            self._record(worker, ok=ok, reason=None if ok else "GET /health did not answer 200")
+            self._record(worker, ok=reason is None, reason=reason)
 
     async def _check(self, worker: Worker, found: dict[Worker, ModelInfo | str]) -> None:
         """An admission check: /health, then what the worker serves (into
         `found`: its model card, or why it is not an SGLang worker)."""
         settings = self._settings
-        if not await self._health_ok(worker):
-            found[worker] = "GET /health did not answer 200"
+        failure = await self._health_failure(worker)
+        if failure is not None:
+            found[worker] = failure
         else:
             # Two small GETs: a probe's budget each, plus connecting.
             deadline = settings.connect_timeout_s + 2 * settings.health_timeout_s

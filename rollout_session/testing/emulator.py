@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -72,6 +72,8 @@ class ChatRecord:
     session_id: str | None
     route: str = "chat"  # "chat" (/v1/chat/completions) or "generate" (/generate)
     body_bytes: int = 0  # length of the raw request body
+    # Its headers, names lowercased (what a proxy in front passed on).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def generate_error(message: str, status: int = 400) -> Reply:
@@ -290,9 +292,11 @@ class Emulator:
 
     # -- chat completions ----------------------------------------------------
 
-    async def handle_chat(self, raw: bytes, fault_header: str | None) -> Reply:
+    async def handle_chat(
+        self, raw: bytes, fault_header: str | None, headers: Mapping[str, str] | None = None
+    ) -> Reply:
         """One ``/v1/chat/completions`` call, counted as completed or cancelled."""
-        return await self._counted(self._chat(raw, fault_header))
+        return await self._counted(self._chat(raw, fault_header, headers or {}))
 
     async def handle_generate(self, raw: bytes) -> Reply:
         """One ``/generate`` call, counted as completed or cancelled."""
@@ -313,7 +317,9 @@ class Emulator:
             self.inflight -= 1
             self._notify()
 
-    async def _chat(self, raw: bytes, fault_header: str | None) -> Reply:
+    async def _chat(
+        self, raw: bytes, fault_header: str | None, headers: Mapping[str, str]
+    ) -> Reply:
         arrival = trio.current_time()
         try:
             body: Any = orjson.loads(raw)
@@ -327,7 +333,9 @@ class Emulator:
             early: Reply | None = BadRequest(str(exc)).reply()
         else:
             early = None
-        self.requests.append(ChatRecord(body, arrival, fault, session_id, "chat", len(raw)))
+        self.requests.append(
+            ChatRecord(body, arrival, fault, session_id, "chat", len(raw), headers)
+        )
         self.received += 1
         self.bytes_received += len(raw)
         self._notify()
@@ -399,7 +407,7 @@ class Emulator:
         self._count_work(len(prompt), cached)
 
         routed = None
-        if body.get("return_routed_experts"):
+        if body.get("return_routed_experts") and cfg.return_routed_experts:
             routed = routed_experts_blob(
                 (prompt + sample.ids)[:forwarded],
                 start_len,
@@ -411,7 +419,8 @@ class Emulator:
         return chat_response(
             sample,
             rid=rid if isinstance(rid, str) else uuid.uuid4().hex,
-            model=cfg.model_name,
+            # SGLang echoes the request's `model` ("default" when it has none).
+            model=body["model"] if isinstance(body.get("model"), str) else "default",
             prompt_tokens=len(prompt),
             cached_tokens=cached,
             weight_version=cfg.weight_version,

@@ -85,7 +85,8 @@ def create_emulator_app(
 
     async def chat() -> Response:
         raw = await _raw_body()
-        return _reply(await emulator.handle_chat(raw, request.headers.get(FAULT_HEADER)))
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        return _reply(await emulator.handle_chat(raw, request.headers.get(FAULT_HEADER), headers))
 
     async def generate() -> Response:
         return _reply(await emulator.handle_generate(await _raw_body()))

@@ -37,6 +37,10 @@ class EmulatorConfig:
     # Exact number of sampled tokens (end token included) of text answers;
     # None: 8..24, varied by seed.
     completion_tokens: int | None = None
+    # Like SGLang started with --enable-return-routed-experts (a MoE model).
+    # False: asked for routed experts, the answer has none, as SGLang's
+    # when the flag is off (its meta_info then lacks the key).
+    return_routed_experts: bool = True
     routed_experts_layers: int = 4
     routed_experts_top_k: int = 2
     routed_experts_num_experts: int = 64

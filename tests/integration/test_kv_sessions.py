@@ -87,11 +87,13 @@ async def test_failed_closes_are_logged_once_per_worker_and_counted(
         for session_id in ids:
             assert (await stack.client.delete(f"/sessions/{session_id}")).status_code == 200
         with trio.fail_after(10):
-            await pool.wait_until(lambda: pool.control_failures["close_session"] == 3)
-    logged = [r for r in caplog.records if "close_session on" in r.getMessage()]
+            await pool.wait_until(lambda: pool.control_failures["POST /close_session"] == 3)
+    logged = [r for r in caplog.records if "/close_session failed" in r.getMessage()]
     assert len(logged) == 1 and stack.workers[0].url in logged[0].getMessage()
     metrics = (await stack.client.get("/metrics")).text
-    assert 'rollout_control_failures_total{call="close_session"} 3.0' in metrics
+    assert 'rollout_control_failures_total{call="POST /close_session"} 3.0' in metrics
+    worker = (await stack.client.get("/workers")).json()["workers"][0]
+    assert worker["control_failures"] == {"POST /close_session": 3}
 
 
 async def test_hint_warns_about_a_worker_that_ignores_session_ids(
