@@ -5,7 +5,9 @@ checked against the export (`check_episode`): the doc and the tested code are
 one text, so they cannot drift apart.
 
 The demo's address replaces the doc's `http://127.0.0.1:8000`; `model` is
-the served model, as the doc says.
+the served model, as the doc says. The shell snippets (Claude Code) run under
+bash with `SERVER`, `SESSION_ID`, `API_KEY` and `MODEL` set, and `claude`
+from `.frameworks-node/` (scripts/test-frameworks) or the PATH.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,10 +92,12 @@ PROTOCOLS = {
 }
 PYTHON = list(PROTOCOLS)
 _ONE_CALL = {"one-base-url", "anthropic", "litellm-anthropic"}
+# The shell snippets: Claude Code at a session, and at the root.
+CLAUDE_CODE = ["claude-code", "claude-code-root"]
 
 
 def test_every_snippet_is_run() -> None:
-    assert set(snippets()) == {"connect", "claude-code", *PYTHON}
+    assert set(snippets()) == {"connect", *CLAUDE_CODE, *PYTHON}
 
 
 @pytest.mark.parametrize("name", PYTHON, ids=PYTHON)
@@ -111,16 +116,21 @@ def test_a_snippet_as_written(server: DemoServer, episodes: list[Episode], name:
         assert doc["session_id"] == namespace["rollout"]
 
 
-def test_claude_code(server: DemoServer, episodes: list[Episode]) -> None:
-    """`claude -p` (print mode) at a session: its turns reach the trajectory.
-    Claude Code is a native program, so no hook sees its calls: its own JSON
-    report (`--output-format json`: the answer, the number of turns, the
-    output tokens) is checked against the export."""
+@pytest.mark.parametrize("name", CLAUDE_CODE, ids=CLAUDE_CODE)
+def test_claude_code(server: DemoServer, episodes: list[Episode], name: str) -> None:
+    """`claude -p` (print mode) at a session, or at the root naming it by a
+    header (the session created by its first request): its turns reach the
+    trajectory. Claude Code is a native program, so no hook sees its calls:
+    its own JSON report (`--output-format json`: the answer, the number of
+    turns, the output tokens) is checked against the export."""
     claude = str(_CLAUDE) if _CLAUDE.exists() else shutil.which("claude")
     if claude is None:
         pytest.skip("claude is not installed (scripts/test-frameworks installs it with npm)")
-    session_id, _ = server.create_session({"framework": "claude-code"})
-    _, command = snippets()["claude-code"]
+    if name == "claude-code":
+        session_id, _ = server.create_session({"framework": "claude-code"})
+    else:
+        session_id = f"claude-code-{uuid.uuid4().hex}"
+    _, command = snippets()[name]
     with tempfile.TemporaryDirectory(prefix="rollout-claude-") as home:
         env = {
             "PATH": f"{Path(claude).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -141,6 +151,7 @@ def test_claude_code(server: DemoServer, episodes: list[Episode]) -> None:
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], server.log_tail())
     report = json.loads(done.stdout)
     doc = server.close_session(session_id)
+    assert doc["session_id"] == session_id
     turns = [t for s in doc["segments"] for t in s["turns"]]
     sampled = sum(sum(s["loss_mask"]) for s in doc["segments"])
     assert not report["is_error"], report
@@ -150,7 +161,7 @@ def test_claude_code(server: DemoServer, episodes: list[Episode]) -> None:
     assert report["result"].strip() in pieces, report["result"]
     episodes.append(
         Episode(
-            "claude-code",
+            name,
             calls=len(turns),
             ok_calls=len(turns),
             retries=0,
