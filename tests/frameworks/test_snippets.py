@@ -102,6 +102,10 @@ def test_every_snippet_is_run() -> None:
 
 @pytest.mark.parametrize("name", PYTHON, ids=PYTHON)
 def test_a_snippet_as_written(server: DemoServer, episodes: list[Episode], name: str) -> None:
+    if name == "verifiers":
+        # scripts/test-frameworks runs it in .venv-verifiers (pyproject's
+        # frameworks-verifiers): its pins exclude openai-agents'.
+        pytest.importorskip("verifiers", reason="verifiers runs in .venv-verifiers")
     namespace, recorder = _run(server, name)
     session_id = namespace["rollout"] if name == "verifiers" else namespace["session_id"]
     calls = recorder.take()
