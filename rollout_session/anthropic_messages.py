@@ -119,6 +119,8 @@ def parse_messages_request(body: bytes, *, count_only: bool = False) -> Messages
     stream = raw.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", param="stream")
+    if not isinstance(raw.get("metadata", {}), dict):  # dropped, but not any value
+        raise InvalidRequest("metadata must be an object", param="metadata")
     chat = {k: v for k, v in raw.items() if k not in _CONVERTED and k not in _IGNORED}
     chat["model"] = model
     max_tokens = raw.get("max_tokens")

@@ -114,6 +114,8 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     previous = raw.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise InvalidRequest("previous_response_id must be a string", param="previous_response_id")
+    if not isinstance(raw.get("metadata", {}), dict):  # else echoed in the Response as sent
+        raise InvalidRequest("metadata must be an object", param="metadata")
     instructions = raw.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("instructions must be a string", param="instructions")
@@ -279,7 +281,10 @@ def _tool_choice(choice: Any) -> Any:
 def _response_format(text: Any) -> dict[str, Any] | None:
     if text is None:
         return None
-    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        # Else it was accepted, ignored, and echoed back in the Response.
+        raise InvalidRequest("text must be an object", param="text")
+    fmt = text.get("format")
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if fmt is None or kind == "text":
         return None

@@ -4,14 +4,18 @@ sampled token of every call is in the export.
 
 The server is `rollout-session serve --demo` in a subprocess on port 0; the
 URL is read from the line it prints once it listens. The recorder is an
-httpx / httpx2 response hook on the framework's own HTTP client: it sees
-each chat completion exactly as the framework received it, including the
+httpx / httpx2 response hook on the framework's own HTTP client (or on
+every client of the process, `Recorder.every_client`): it sees each model
+call exactly as the framework received it. A chat completion carries the
 sampled token ids and logprobs SGLang's `meta_info` carries
-(`output_token_logprobs`), so the check compares ids, not just counts.
+(`output_token_logprobs`), so the check compares ids, not just counts; a
+Responses or Messages answer, or a streamed one, carries no ids, so its
+turn is checked by its token count and its text.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -35,6 +39,7 @@ __all__ = [
     "ModelCall",
     "Recorder",
     "check_episode",
+    "close_thread_loop",
     "demo_server",
     "dump",
 ]
@@ -71,8 +76,13 @@ class DemoServer:
         return str(body["session_id"]), self.url + str(body["base_url"])
 
     def close_session(self, session_id: str) -> dict[str, Any]:
-        """The trajectory, as `DELETE /sessions/{id}` returns it."""
-        answer = httpx.delete(f"{self.url}/sessions/{session_id}", timeout=60.0)
+        """The trajectory, as `DELETE /sessions/{id}` returns it, with each
+        token's text (`pieces`: what a call without ids is checked by)."""
+        answer = httpx.delete(
+            f"{self.url}/sessions/{session_id}",
+            params={"include": "turns,messages,pieces"},
+            timeout=60.0,
+        )
         answer.raise_for_status()
         doc: dict[str, Any] = answer.json()
         return doc
@@ -97,6 +107,21 @@ def demo_server(*flags: str) -> Iterator[DemoServer]:
                 yield DemoServer(url, log_path)
             finally:
                 _stop(process)
+
+
+def close_thread_loop() -> None:
+    """Close the event loop a sync API left set as the thread's current
+    loop (a sync `litellm.completion`, pydantic-ai's `run_sync`, the Agents
+    SDK's `Runner.run_sync` leave theirs open): else its sockets are
+    reported unclosed in whichever later test collects it, and the next
+    sync API may pick up a loop that was shut down."""
+    policy = asyncio.get_event_loop_policy()
+    try:
+        loop = policy.get_event_loop()
+    except RuntimeError:  # none is set (after an earlier test set None)
+        return
+    loop.close()
+    policy.set_event_loop(None)
 
 
 def _wait_listening(process: subprocess.Popen[bytes], log_path: Path) -> str:
@@ -126,13 +151,39 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.stdout.close()
 
 
+# The model routes a framework may call, by how the path ends: the protocol
+# of the call. Chat answers carry the sampled ids (SGLang's meta_info);
+# Responses and Messages answers carry the count and the text only.
+_PROTOCOLS = (
+    ("/chat/completions", "chat"),
+    ("/responses", "responses"),
+    ("/messages", "messages"),
+)
+# What a protocol's request repeats when a client retries it.
+_HISTORY_KEYS = {
+    "chat": ("messages", "tools"),
+    "responses": ("instructions", "input", "tools"),
+    "messages": ("system", "messages", "tools"),
+}
+
+
+def _protocol(url: str) -> str | None:
+    path = url.split("?", 1)[0]
+    for suffix, protocol in _PROTOCOLS:
+        if path.endswith(suffix):
+            return protocol
+    return None
+
+
 @dataclass
 class ModelCall:
-    """One chat completion a framework received."""
+    """One model call a framework made and the answer it received (a
+    streamed answer is read back into the non-streamed shape)."""
 
     status: int
     request: dict[str, Any]
     response: dict[str, Any] | None
+    protocol: str = "chat"
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -142,30 +193,92 @@ class ModelCall:
     @property
     def completion_tokens(self) -> int:
         assert self.response is not None
-        return int(self.response["usage"]["completion_tokens"])
+        usage = self.response["usage"]
+        key = "completion_tokens" if self.protocol == "chat" else "output_tokens"
+        return int(usage[key])
 
     @property
-    def sampled(self) -> tuple[list[int], list[float]]:
-        """The sampled ids and their logprobs (SGLang's meta_info)."""
+    def sampled(self) -> tuple[list[int], list[float]] | None:
+        """The sampled ids and their logprobs (SGLang's meta_info), which
+        only a non-streamed chat answer carries."""
         assert self.response is not None
+        if self.protocol != "chat" or "meta_info" not in self.response["choices"][0]:
+            return None
         entries = self.response["choices"][0]["meta_info"]["output_token_logprobs"]
         return [int(e[1]) for e in entries], [float(e[0]) for e in entries]
 
     @property
-    def empty_answer(self) -> bool:
-        """An answer with neither content nor tool calls (reasoning at most)."""
+    def text(self) -> str:
+        """The answer's text (what the agent reads of it)."""
         assert self.response is not None
-        message = self.response["choices"][0]["message"]
-        return not message.get("content") and not message.get("tool_calls")
+        if self.protocol == "chat":
+            return str(self.response["choices"][0]["message"].get("content") or "")
+        if self.protocol == "responses":
+            items = self.response["output"]
+            parts = [p for i in items if i["type"] == "message" for p in i["content"]]
+            return "".join(p.get("text", "") for p in parts)
+        blocks = self.response["content"]
+        return "".join(b["text"] for b in blocks if b["type"] == "text")
+
+    @property
+    def empty_answer(self) -> bool:
+        """An answer with neither text nor tool calls (reasoning at most)."""
+        assert self.response is not None
+        if self.protocol == "chat":
+            message = self.response["choices"][0]["message"]
+            return not message.get("content") and not message.get("tool_calls")
+        if self.protocol == "responses":
+            calls = [i for i in self.response["output"] if i["type"] == "function_call"]
+        else:
+            calls = [b for b in self.response["content"] if b["type"] == "tool_use"]
+        return not self.text and not calls
 
     def retries(self, previous: ModelCall) -> bool:
         """The same request as `previous`, whose answer had something in it:
         a retry (the agent never saw that answer), so the server replaces
         that turn instead of keeping it. Asked again after an empty answer,
         the agent saw it and dropped it: a new segment keeps it."""
-        keys = ("messages", "tools")
-        same = all(self.request.get(k) == previous.request.get(k) for k in keys)
+        keys = _HISTORY_KEYS[self.protocol]
+        same = self.protocol == previous.protocol and all(
+            self.request.get(k) == previous.request.get(k) for k in keys
+        )
         return same and not previous.empty_answer
+
+
+def _sse_events(content: bytes) -> list[dict[str, Any]]:
+    events = []
+    for line in content.decode().splitlines():
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            events.append(json.loads(line[5:]))
+    return events
+
+
+def _read_stream(protocol: str, content: bytes) -> dict[str, Any]:
+    """A streamed answer in the non-streamed shape: what the check reads."""
+    events = _sse_events(content)
+    if protocol == "responses":
+        done = [e for e in events if e["type"] == "response.completed"]
+        assert len(done) == 1, [e["type"] for e in events]
+        answer: dict[str, Any] = done[0]["response"]
+        return answer
+    if protocol == "messages":
+        start = next(e for e in events if e["type"] == "message_start")["message"]
+        blocks: list[dict[str, Any]] = []
+        for e in events:
+            if e["type"] == "content_block_start":
+                blocks.append({**e["content_block"], "text": ""})
+            elif e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta":
+                blocks[e["index"]]["text"] += e["delta"]["text"]
+        usage = [e["usage"] for e in events if e["type"] == "message_delta"]
+        return {**start, "content": blocks, "usage": {**start["usage"], **usage[-1]}}
+    text, tool_calls, usage_chunk = "", False, None
+    for chunk in events:
+        for choice in chunk.get("choices", []):
+            text += choice["delta"].get("content") or ""
+            tool_calls = tool_calls or bool(choice["delta"].get("tool_calls"))
+        usage_chunk = chunk.get("usage") or usage_chunk
+    message: dict[str, Any] = {"content": text, "tool_calls": [{}] if tool_calls else None}
+    return {"choices": [{"message": message}], "usage": usage_chunk}
 
 
 class _Response(Protocol):
@@ -173,6 +286,7 @@ class _Response(Protocol):
 
     status_code: int
     content: bytes
+    headers: Any
 
     @property
     def request(self) -> Any: ...
@@ -180,25 +294,30 @@ class _Response(Protocol):
 
 @dataclass
 class Recorder:
-    """Every chat completion answer the framework's HTTP client received."""
+    """Every model call answer the framework's HTTP client received."""
 
     calls: list[ModelCall] = field(default_factory=list)
 
     def _record(self, response: _Response) -> None:
         request = response.request
-        if not str(request.url).endswith("/chat/completions"):
+        protocol = _protocol(str(request.url))
+        if protocol is None or request.method != "POST":
             return
         body = json.loads(request.content)
-        try:
-            answer: dict[str, Any] | None = json.loads(response.content)
-        except ValueError:
-            answer = None
-        if response.status_code == 200 and (answer is None or "usage" not in answer):
+        answer: dict[str, Any] | None
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            answer = _read_stream(protocol, response.content)
+        else:
+            try:
+                answer = json.loads(response.content)
+            except ValueError:
+                answer = None
+        if response.status_code == 200 and (answer is None or not answer.get("usage")):
             raise AssertionError(
                 f"a 200 answer without usage (stream={body.get('stream')}): "
                 f"{response.content[:200]!r}"
             )
-        self.calls.append(ModelCall(response.status_code, body, answer))
+        self.calls.append(ModelCall(response.status_code, body, answer, protocol))
 
     def sync_hook(self, response: Any) -> None:
         response.read()
@@ -212,6 +331,39 @@ class Recorder:
         """The calls recorded since the last take (one episode's)."""
         calls, self.calls = self.calls, []
         return calls
+
+    @contextmanager
+    def every_client(self) -> Iterator[Recorder]:
+        """Record what *any* httpx or httpx2 client of this process receives
+        in the block: for code that builds its own clients (a snippet of
+        docs/agents.md runs as a user would write it, with no hook)."""
+        import httpx2
+
+        recorder = self
+        originals: list[tuple[Any, Any]] = []
+        for module in (httpx, httpx2):
+            sync_send, async_send = module.Client.send, module.AsyncClient.send
+
+            def send(client: Any, request: Any, *a: Any, _send: Any = sync_send, **k: Any) -> Any:
+                response = _send(client, request, *a, **k)
+                recorder.sync_hook(response)
+                return response
+
+            async def asend(
+                client: Any, request: Any, *a: Any, _send: Any = async_send, **k: Any
+            ) -> Any:
+                response = await _send(client, request, *a, **k)
+                await recorder.async_hook(response)
+                return response
+
+            originals += [(module.Client, sync_send), (module.AsyncClient, async_send)]
+            module.Client.send = send
+            module.AsyncClient.send = asend
+        try:
+            yield self
+        finally:
+            for cls, original in originals:
+                cls.send = original
 
 
 @dataclass
@@ -265,8 +417,9 @@ def check_episode(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -
     retried (`ModelCall.retries`: the server replaces that turn, recorded under
     `rollbacks` with reason `retry`, with its sampled tokens as
     `dropped_tokens`). Each turn's sampled ids and logprobs
-    are those of its call, with mask 1; the mask-1 tokens of all segments
-    add up to the calls' `usage.completion_tokens`.
+    are those of its call, with mask 1 (a call without ids: as many tokens
+    as its usage says, decoding to its text); the mask-1 tokens of all
+    segments add up to the calls' completion tokens.
     """
     assert doc["schema_version"] == 2, doc["schema_version"]
     ok = [c for c in calls if c.status == 200]
@@ -275,16 +428,18 @@ def check_episode(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -
     segments: list[dict[str, Any]] = doc["segments"]
     assert doc["num_segments"] == len(segments) >= 1
 
-    exported: list[tuple[list[int], list[float], list[int]]] = []
+    exported: list[tuple[list[int], list[float], list[int], str | None]] = []
     for segment in segments:
         ids, mask, logprobs = segment["token_ids"], segment["loss_mask"], segment["logprobs"]
+        pieces: list[str] | None = segment.get("pieces")
         assert len(ids) == len(mask) == len(logprobs), segment["index"]
         turns = segment["turns"]
         if turns:
             assert segment["prompt_length"] == turns[0]["completion_start"]
         for turn in turns:
             start, end = turn["completion_start"], turn["completion_end"]
-            exported.append((ids[start:end], logprobs[start:end], mask[start:end]))
+            text = None if pieces is None else "".join(pieces[start:end])
+            exported.append((ids[start:end], logprobs[start:end], mask[start:end], text))
 
     retry_rollbacks = [r for r in doc["rollbacks"] if r["reason"] == "retry"]
     assert sum(r["dropped_turns"] for r in retry_rollbacks) == len(replaced), (
@@ -297,11 +452,19 @@ def check_episode(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -
         f"{len(kept)} model calls kept, {len(exported)} turns exported "
         f"({len(ok)} × 200, {len(replaced)} retried)"
     )
-    for i, (call, (ids, logprobs, mask)) in enumerate(zip(kept, exported, strict=True)):
-        call_ids, call_logprobs = call.sampled
-        assert len(call_ids) == call.completion_tokens, i
-        assert ids == call_ids, f"call {i}: exported ids differ from the sampled ids"
-        assert logprobs == call_logprobs, f"call {i}: exported logprobs differ"
+    for i, (call, (ids, logprobs, mask, text)) in enumerate(zip(kept, exported, strict=True)):
+        sampled = call.sampled
+        if sampled is not None:
+            call_ids, call_logprobs = sampled
+            assert len(call_ids) == call.completion_tokens, i
+            assert ids == call_ids, f"call {i}: exported ids differ from the sampled ids"
+            assert logprobs == call_logprobs, f"call {i}: exported logprobs differ"
+        else:
+            # No ids on this protocol's wire: the turn has the call's count
+            # of tokens, each with its logprob, and decodes to its text.
+            assert len(ids) == call.completion_tokens, f"call {i}: token count differs"
+            assert text is not None, "an id-less call needs the export's pieces"
+            assert call.text.strip() in text, f"call {i}: {call.text!r} not in {text!r}"
         assert all(m == 1 for m in mask), f"call {i}: a sampled token with mask 0"
     mask_ones = sum(sum(s["loss_mask"]) for s in segments)
     assert mask_ones == sum(c.completion_tokens for c in kept)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx2
 import openai
 import pytest
@@ -77,3 +78,50 @@ def test_a_lost_answer_fails_the_check(rollback_server: DemoServer) -> None:
     calls, doc = _episode(rollback_server, dropped_answer=True)
     with pytest.raises(AssertionError, match="turns exported"):
         check_episode("openai", calls, doc)
+
+
+def _streamed_turns(base_url: str, protocol: str) -> None:
+    """Two streamed turns, the answer sent back as the agent read it."""
+    questions = ["Read a.txt", "And b.txt?"]
+    if protocol == "messages":
+        with anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="unused") as ac:
+            history: list[Any] = []
+            for question in questions:
+                history.append({"role": "user", "content": question})
+                with ac.messages.stream(model=MODEL, max_tokens=64, messages=history) as events:
+                    message = events.get_final_message()
+                content = [b.model_dump(exclude_none=True) for b in message.content]
+                history.append({"role": "assistant", "content": content})
+        return
+    with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        items: list[Any] = []
+        for question in questions:
+            items.append({"role": "user", "content": question})
+            if protocol == "responses":
+                with client.responses.stream(model=MODEL, input=items) as stream:
+                    response = stream.get_final_response()
+                items += [item.model_dump(exclude_none=True) for item in response.output]
+                continue
+            chunks = client.chat.completions.create(
+                model=MODEL, messages=items, stream=True, stream_options={"include_usage": True}
+            )
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            items.append({"role": "assistant", "content": text})
+
+
+PROTOCOLS = ["chat", "responses", "messages"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=PROTOCOLS)
+def test_a_streamed_answer_is_checked_by_count_and_text(server: DemoServer, protocol: str) -> None:
+    """A streamed answer carries no ids: the recorder reads it back from its
+    events, and the check compares its token count and text."""
+    recorder = Recorder()
+    session_id, base_url = server.create_session()
+    with recorder.every_client():
+        _streamed_turns(base_url, protocol)
+    calls = recorder.take()
+    assert [c.protocol for c in calls] == [protocol, protocol]
+    assert all(c.sampled is None and c.text for c in calls)
+    episode = check_episode(f"{protocol} streamed", calls, server.close_session(session_id))
+    assert (episode.turns, episode.segments) == (2, 1)

@@ -14,7 +14,6 @@ command with a canned observation and submits after a few of them.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +31,7 @@ from tests.frameworks.harness import (
     Episode,
     Recorder,
     check_episode,
+    close_thread_loop,
     demo_server,
     dump,
 )
@@ -55,20 +55,7 @@ def recorder() -> Iterator[Recorder]:
             yield recorder
         finally:
             litellm.client_session = before
-            _close_litellm_loop()
-
-
-def _close_litellm_loop() -> None:
-    """A sync `litellm.completion` leaves an event loop of its own set as
-    the thread's current loop, never closed: close it here, or its sockets
-    are reported unclosed in whichever later test collects it."""
-    policy = asyncio.get_event_loop_policy()
-    try:
-        loop = policy.get_event_loop()
-    except RuntimeError:  # none is set (after an earlier test set None)
-        return
-    loop.close()
-    policy.set_event_loop(None)
+            close_thread_loop()
 
 
 class CannedEnvironment:

@@ -434,18 +434,45 @@ BAD_INPUTS: list[tuple[str, bytes]] = [
     ("mcp-servers", _with(mcp_servers=[{"type": "url", "url": "http://x", "name": "x"}])),
     ("template-kwargs-list", _with(thinking={"type": "enabled"}, chat_template_kwargs=[1])),
     ("temperature-string", _with(temperature="hot")),
+    # The rest of the chat route's rows (test_api.BAD_CHAT), as Anthropic spells them.
+    ("role-unknown", _with(messages=[{"role": "wizard", "content": "x"}])),
+    ("temperature-nan", _with().replace(b"}", b', "temperature": NaN}')),
+    ("temperature-high", _with(temperature=9.5)),
+    ("top-p-high", _with(top_p=1.5)),
+    ("top-k-string", _with(top_k="5")),
+    ("n-2", _with(n=2)),
+    ("stop-sequences-ints", _with(stop_sequences=[3])),
+    ("tool-not-object", _with(tools=["read_file"])),
+    ("tool-choice-int", _with(tool_choice=1)),
+    ("metadata-string", _with(metadata="x")),
 ]
 
 
 # count_tokens takes no max_tokens and forwards nothing: no errors there.
-_COUNT_ACCEPTS = {"no-max-tokens", "temperature-string"}
+_COUNT_ACCEPTS = {
+    "no-max-tokens",
+    "temperature-string",
+    "temperature-nan",
+    "temperature-high",
+    "top-p-high",
+    "top-k-string",
+    "n-2",
+}
 BAD_COUNTS = [(n, b) for n, b in BAD_INPUTS if n not in _COUNT_ACCEPTS]
 
 
 @pytest.mark.parametrize(
     ("route", "body"),
-    [*(("messages", body) for _, body in BAD_INPUTS), *(("count", body) for _, body in BAD_COUNTS)],
-    ids=[*(f"messages-{n}" for n, _ in BAD_INPUTS), *(f"count-{n}" for n, _ in BAD_COUNTS)],
+    [
+        *(("messages", body) for _, body in BAD_INPUTS),
+        *(("root", body) for _, body in BAD_INPUTS),
+        *(("count", body) for _, body in BAD_COUNTS),
+    ],
+    ids=[
+        *(f"messages-{n}" for n, _ in BAD_INPUTS),
+        *(f"root-{n}" for n, _ in BAD_INPUTS),
+        *(f"count-{n}" for n, _ in BAD_COUNTS),
+    ],
 )
 async def test_bad_input_is_a_4xx_in_anthropics_shape(
     stack: Stack, route: str, body: bytes
@@ -455,11 +482,15 @@ async def test_bad_input_is_a_4xx_in_anthropics_shape(
     assert first.status_code == 200, first.text
     before = (await stack.client.get(f"/sessions/{session_id}/trajectory")).content
     received = stack.emulator.received
-    path = "/v1/messages" if route == "messages" else "/v1/messages/count_tokens"
+    path = {
+        "messages": f"/sessions/{session_id}/v1/messages",
+        "root": "/v1/messages",
+        "count": f"/sessions/{session_id}/v1/messages/count_tokens",
+    }[route]
     response = await stack.client.post(
-        f"/sessions/{session_id}{path}",
+        path,
         content=body,
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", "X-Session-ID": session_id},
     )
     assert 400 <= response.status_code < 500, response.text
     doc = response.json()
