@@ -549,27 +549,3 @@ async def test_a_workers_error_is_in_anthropics_shape(stack: Stack, fault: str, 
     assert doc["type"] == "error" and doc["error"]["message"]
     assert doc["error"]["type"] == kind
     assert (await stack.trajectory(session_id))["turns"] == []
-
-
-async def test_the_agents_md_snippet(make_stack: StackFactory) -> None:
-    """docs/agents.md#anthropic-sdk-and-claude-code, as written (the sync
-    client, in a thread): the session's base URL without /v1, its key."""
-    stack = await make_stack(api_key="trainer")
-    session = (await stack.client.post("/sessions", json={})).json()
-    server, session_id, api_key = stack.url, session["session_id"], session["api_key"]
-    model = MODEL
-
-    def snippet() -> anthropic.types.Message:
-        with anthropic.Anthropic(
-            base_url=f"{server}/sessions/{session_id}", api_key=api_key, max_retries=0
-        ) as client:
-            return client.messages.create(
-                model=model,
-                max_tokens=1024,
-                messages=[{"role": "user", "content": "What does main.py print?"}],
-                tools=[{"name": "read_file", "input_schema": {"type": "object", "properties": {}}}],
-            )
-
-    message = await trio.to_thread.run_sync(snippet)
-    assert message.content and message.stop_reason in ("end_turn", "tool_use")
-    assert len((await stack.trajectory(session_id))["turns"]) == 1
