@@ -26,6 +26,7 @@ import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -130,7 +131,10 @@ class _ShardActor:
 
     def start(self, settings: dict[str, Any], fleet: tuple[str, ...], shard: int) -> str:
         assert self._fd is not None, "bind first"
-        own = Settings(**settings, fleet=fleet, shard=shard)
+        journal = settings["journal"]
+        if journal is not None:  # one journal per shard, as under --processes
+            journal = str(Path(journal) / f"shard-{shard}")
+        own = Settings(**{**settings, "journal": journal}, fleet=fleet, shard=shard)
         url: str = self._loop.start(_serve_shard, own, self._fd)
         return url
 
