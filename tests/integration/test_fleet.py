@@ -21,8 +21,15 @@ import openai
 import pytest
 import trio
 
+from rollout_session import Settings, create_app
 from rollout_session.client import SessionClient, rendezvous_owner
+from rollout_session.fleet_processes import bind_sockets, fleet_urls
+from rollout_session.serving import start_server
+from rollout_session.testing import EmulatorConfig, TextModel
 from rollout_session.testing.processes import start_listening
+from rollout_session.tokenization import ChatTokenizer
+
+from ..conftest import spawn_worker
 
 _READY = re.compile(r"^rollout-session fleet of 3 shards: (.+)$")
 _PID = re.compile(r"^\[shard (\d)\] pid (\d+) for ")
@@ -244,3 +251,55 @@ async def test_a_killed_shard_fails_clearly_and_restarts_from_its_journal(
                 doc = (await http.get(urls[2] + path, follow_redirects=True)).json()
                 assert len(doc["turns"]) == 1
             restarted.send_signal(signal.SIGTERM)
+
+
+async def test_keys_across_the_fleet(
+    nursery: trio.Nursery, text_model: TextModel, chat_tokenizers: dict[str, ChatTokenizer]
+) -> None:
+    """In-process, with --api-key and --admin-api-key: a create forwarded to
+    its owner carries the caller's key (and is refused without one), the
+    session's own key reaches its turns on the owner, and a fleet-wide change
+    needs the operator's key on every shard."""
+    template = chat_tokenizers["chatml"]
+    worker = await spawn_worker(
+        nursery, text_model, EmulatorConfig(seed=0, chat_template=template.chat_template)
+    )
+    sockets = bind_sockets("127.0.0.1", 0, 2)
+    urls = fleet_urls("127.0.0.1", sockets)
+    servers = []
+    for i, sock in enumerate(sockets):
+        settings = Settings(
+            workers=(worker.url,), fleet=urls, shard=i, api_key="trainer", admin_api_key="operator"
+        )
+        app = create_app(settings, tokenizer=template)
+        servers.append(await start_server(nursery, app, bind=[f"fd://{sock.detach()}"]))
+    trainer = {"Authorization": "Bearer trainer"}
+    operator = {"Authorization": "Bearer operator"}
+    session_id = next(f"k{i}" for i in range(100) if rendezvous_owner(urls, f"k{i}") == urls[1])
+    async with httpx.AsyncClient(timeout=30) as http:
+        refused = await http.post(f"{urls[0]}/sessions", json={"session_id": session_id})
+        assert refused.status_code == 401
+        created = await http.post(
+            f"{urls[0]}/sessions", json={"session_id": session_id}, headers=trainer
+        )
+        assert created.status_code == 201, created.text
+        doc = created.json()
+        assert doc["base_url"] == f"{urls[1]}/sessions/{session_id}/v1"
+        turn = await http.post(
+            f"{doc['base_url']}/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {doc['api_key']}"},
+        )
+        assert turn.status_code == 200, turn.text
+        # Redirected before the key check: the owner is no secret.
+        moved = await http.get(f"{urls[0]}/sessions/{session_id}")
+        assert moved.status_code == 307
+        assert (await http.get(moved.headers["location"])).status_code == 401
+        extra = "http://127.0.0.1:9"
+        denied = await http.post(f"{urls[0]}/workers", json={"url": extra}, headers=trainer)
+        assert denied.status_code == 403
+        assert (await http.get(f"{urls[1]}/metrics?fleet=1")).status_code == 401
+        added = await http.post(f"{urls[0]}/workers", json={"url": extra}, headers=operator)
+        assert [s["status"] for s in added.json()["fleet"]] == [201, 201]
+    for server in servers:
+        await server.aclose()
