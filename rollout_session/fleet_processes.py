@@ -147,29 +147,27 @@ async def _relay(prefix: str, stream: trio.abc.ReceiveStream, listening: trio.Ev
 
 
 class _Shard:
-    def __init__(self, index: int, url: str, command: list[str]) -> None:
-        self.index = index
-        self.url = url
-        self.command = command
+    """One shard of the fleet: its command (checked before any shard starts)
+    and, once started, its process."""
+
+    def __init__(self, base: Settings, urls: tuple[str, ...], i: int, sock: socket.socket) -> None:
+        journal = None if base.journal is None else str(Path(base.journal) / f"shard-{i}")
+        port = sock.getsockname()[1]  # its own, for a restart by hand
+        own = replace(base, port=port, processes=1, fleet=urls, shard=i, journal=journal)
+        self.command, self._env = shard_command(own, sock.fileno())
+        self.index = i
+        self.url = urls[i]
+        self._fd = sock.fileno()
         self.listening = trio.Event()
         self.process: trio.Process | None = None
 
-
-async def _start_shard(
-    nursery: trio.Nursery, base: Settings, urls: tuple[str, ...], i: int, sock: socket.socket
-) -> _Shard:
-    journal = None if base.journal is None else str(Path(base.journal) / f"shard-{i}")
-    port = sock.getsockname()[1]  # its own, for a restart by hand
-    own = replace(base, port=port, processes=1, fleet=urls, shard=i, journal=journal)
-    command, env = shard_command(own, sock.fileno())
-    shard = _Shard(i, urls[i], command)
-    shard.process = await trio.lowlevel.open_process(
-        command, stdout=subprocess.PIPE, env=env, pass_fds=[sock.fileno()]
-    )
-    print(f"[shard {i}] pid {shard.process.pid} for {shard.url}", flush=True)
-    assert shard.process.stdout is not None
-    nursery.start_soon(_relay, f"[shard {i}]", shard.process.stdout, shard.listening)
-    return shard
+    async def start(self, nursery: trio.Nursery) -> None:
+        self.process = await trio.lowlevel.open_process(
+            self.command, stdout=subprocess.PIPE, env=self._env, pass_fds=[self._fd]
+        )
+        print(f"[shard {self.index}] pid {self.process.pid} for {self.url}", flush=True)
+        assert self.process.stdout is not None
+        nursery.start_soon(_relay, f"[shard {self.index}]", self.process.stdout, self.listening)
 
 
 async def run_fleet(settings: Settings) -> int:
@@ -183,10 +181,9 @@ async def run_fleet(settings: Settings) -> int:
             if settings.demo:
                 base = replace(await _start_demo_workers(nursery, settings), demo=False)
             try:
-                shards = [
-                    await _start_shard(nursery, base, urls, i, sock)
-                    for i, sock in enumerate(sockets)
-                ]
+                shards = [_Shard(base, urls, i, sock) for i, sock in enumerate(sockets)]
+                for shard in shards:
+                    await shard.start(nursery)
             finally:
                 for sock in sockets:
                     sock.close()  # each shard has its copy
