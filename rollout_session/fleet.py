@@ -50,7 +50,7 @@ from prometheus_client.registry import Collector
 
 from .client import rendezvous_owner
 from .config import Settings
-from .errors import InvalidRequest, RolloutSessionError, ShardUnavailable
+from .errors import InternalError, InvalidRequest, RolloutSessionError, ShardUnavailable
 from .http_edge import (
     BODY_TIMEOUT_S,
     RawResponse,
@@ -76,8 +76,12 @@ _BROADCAST = frozenset(
         ("POST", "/admin/resume"),
     }
 )
+# Marks a create one shard forwarded to the owner it computed.
+_FORWARDED_BY = b"x-rollout-fleet-forwarded-by"
 _AGGREGATED = frozenset({"/health", "/workers", "/metrics", "/sessions"})
 _SESSIONS = "/sessions/"
+# Past the upstream timeout, for a shard's own answer to a change to arrive.
+_MARGIN_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,10 @@ def _flag(scope: HTTPScope, default: bool) -> bool:
         if key == "fleet":
             return value.lower() in {"1", "true", "yes"}
     return default
+
+
+def _header(scope: HTTPScope, name: bytes) -> bytes:
+    return next((value for key, value in scope["headers"] if key == name), b"")
 
 
 def _json(status: int, data: Any, headers: Sequence[tuple[bytes, bytes]] = ()) -> RawResponse:
@@ -193,8 +201,11 @@ class FleetRoutes:
         self._app = app
         self._fleet = fleet
         self.http: httpx.AsyncClient | None = None
-        # Changes may wait for in-flight turns (pause, drain); reads are quick.
-        self._timeout = httpx.Timeout(None, connect=settings.connect_timeout_s)
+        # Changes may wait for in-flight turns (pause, drain), which the
+        # upstream timeout bounds; a shard that does not connect is down.
+        self._timeout = httpx.Timeout(
+            settings.upstream_timeout_s + _MARGIN_S, connect=settings.connect_timeout_s
+        )
 
     async def open(self) -> None:
         self.http = httpx.AsyncClient(timeout=self._timeout)
@@ -239,15 +250,30 @@ class FleetRoutes:
             data = orjson.loads(body) if body.strip() else {}
         except orjson.JSONDecodeError:
             return None  # the route refuses it
-        if not isinstance(data, dict) or not isinstance(data.get("session_id", ""), str):
+        if not isinstance(data, dict):
+            return None  # the route refuses it
+        if data.get("session_id") is None:
+            # Drawn here, not by the store: it must be this fleet's to place.
+            data["session_id"] = uuid.uuid4().hex
+        session_id = data["session_id"]
+        if not isinstance(session_id, str):
             return None
-        # Drawn here, not by the store: it must be this fleet's to place.
-        session_id = data.setdefault("session_id", uuid.uuid4().hex)
         owner = self._fleet.owner(session_id)
-        if owner != self._fleet.url:
-            status, _, answer = await self._send(owner, scope, query=b"", body=orjson.dumps(data))
-            return RawResponse(status, [(b"content-type", _JSON)], answer)
-        return await self._local(scope, orjson.dumps(data), receive)
+        if owner == self._fleet.url:
+            return await self._local(scope, orjson.dumps(data), receive)
+        if _header(scope, _FORWARDED_BY):
+            # Sent here by a shard that names this one the owner: the two
+            # hold different fleet lists. Forwarding again could loop.
+            raise InternalError(
+                f"fleet misconfigured: a shard forwarded session {session_id!r} here, but "
+                f"this shard ({self._fleet.url}) hashes it to {owner}: every shard must "
+                "have the same --fleet list, in the same order"
+            )
+        forwarded = orjson.dumps(data)
+        status, _, answer = await self._send(
+            owner, scope, query=b"", body=forwarded, extra=[(_FORWARDED_BY, self._fleet.url)]
+        )
+        return RawResponse(status, [(b"content-type", _JSON)], answer)
 
     async def _local(
         self, scope: HTTPScope, body: bytes, receive: ASGIReceiveCallable
@@ -273,7 +299,13 @@ class FleetRoutes:
     # -- fan-out ----------------------------------------------------------------
 
     async def _send(
-        self, shard: str, scope: HTTPScope, *, query: bytes, body: bytes
+        self,
+        shard: str,
+        scope: HTTPScope,
+        *,
+        query: bytes,
+        body: bytes,
+        extra: Sequence[tuple[bytes, str]] = (),
     ) -> tuple[int, str, bytes]:
         """`scope`'s request, with `query` and `body`, to `shard`: (status,
         content type, body). Raises `ShardUnavailable` if it does not answer."""
@@ -281,6 +313,7 @@ class FleetRoutes:
         headers = {
             k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _FORWARDED
         }
+        headers.update((k.decode("latin-1"), v) for k, v in extra)
         url = f"{shard}{route_path(scope)}" + (f"?{query.decode('latin-1')}" if query else "")
         try:
             response = await self.http.request(scope["method"], url, content=body, headers=headers)

@@ -12,9 +12,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -24,7 +25,7 @@ import trio
 from rollout_session import Settings, create_app
 from rollout_session.client import SessionClient, rendezvous_owner
 from rollout_session.fleet_processes import bind_sockets, fleet_urls
-from rollout_session.serving import start_server
+from rollout_session.serving import RunningServer, start_server
 from rollout_session.testing import EmulatorConfig, TextModel
 from rollout_session.testing.processes import start_listening
 from rollout_session.tokenization import ChatTokenizer
@@ -253,26 +254,77 @@ async def test_a_killed_shard_fails_clearly_and_restarts_from_its_journal(
             restarted.send_signal(signal.SIGTERM)
 
 
-async def test_keys_across_the_fleet(
+InProcessFleet = Callable[..., Awaitable[tuple[str, ...]]]
+
+
+@pytest.fixture
+async def in_process_fleet(
     nursery: trio.Nursery, text_model: TextModel, chat_tokenizers: dict[str, ChatTokenizer]
+) -> AsyncIterator[InProcessFleet]:
+    """Start `shards` shards in this process over one emulator worker; shard
+    i's fleet lists `extra[i]` too, if given. Stopped gracefully after."""
+    servers: list[RunningServer] = []
+
+    async def start(
+        shards: int, *, extra: dict[int, tuple[str, ...]] | None = None, **settings: Any
+    ) -> tuple[str, ...]:
+        template = chat_tokenizers["chatml"]
+        worker = await spawn_worker(
+            nursery, text_model, EmulatorConfig(seed=0, chat_template=template.chat_template)
+        )
+        sockets = bind_sockets("127.0.0.1", 0, shards)
+        urls = fleet_urls("127.0.0.1", sockets)
+        for i, sock in enumerate(sockets):
+            fleet = (*urls, *(extra or {}).get(i, ()))
+            own = Settings(workers=(worker.url,), fleet=fleet, shard=i, **settings)
+            app = create_app(own, tokenizer=template)
+            servers.append(await start_server(nursery, app, bind=[f"fd://{sock.detach()}"]))
+        return urls
+
+    yield start
+    for server in servers:
+        await server.aclose()
+
+
+async def test_a_null_id_is_drawn_for_the_fleet(
+    in_process_fleet: InProcessFleet,
+) -> None:
+    urls = await in_process_fleet(2)
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(6):
+            created = (await http.post(f"{urls[0]}/sessions", json={"session_id": None})).json()
+            owner = rendezvous_owner(urls, created["session_id"])
+            assert created["base_url"].startswith(f"{owner}/sessions/")
+            assert (await http.get(f"{owner}/sessions/{created['session_id']}")).status_code == 200
+
+
+async def test_shards_that_disagree_on_the_fleet_refuse_rather_than_loop(
+    in_process_fleet: InProcessFleet,
+) -> None:
+    """Shard 1 lists a third URL shard 0 does not: a create shard 0 forwards
+    to shard 1 that shard 1 hashes to the third is refused (500, named)."""
+    elsewhere = "http://127.0.0.1:9"
+    urls = await in_process_fleet(2, extra={1: (elsewhere,)})
+    session_id = next(
+        f"d{i}"
+        for i in range(1000)
+        if rendezvous_owner(urls, f"d{i}") == urls[1]
+        and rendezvous_owner((*urls, elsewhere), f"d{i}") == elsewhere
+    )
+    async with httpx.AsyncClient(timeout=30) as http:
+        refused = await http.post(f"{urls[0]}/sessions", json={"session_id": session_id})
+    assert refused.status_code == 500
+    assert "fleet misconfigured" in refused.json()["error"]["message"]
+
+
+async def test_keys_across_the_fleet(
+    in_process_fleet: InProcessFleet,
 ) -> None:
     """In-process, with --api-key and --admin-api-key: a create forwarded to
     its owner carries the caller's key (and is refused without one), the
     session's own key reaches its turns on the owner, and a fleet-wide change
     needs the operator's key on every shard."""
-    template = chat_tokenizers["chatml"]
-    worker = await spawn_worker(
-        nursery, text_model, EmulatorConfig(seed=0, chat_template=template.chat_template)
-    )
-    sockets = bind_sockets("127.0.0.1", 0, 2)
-    urls = fleet_urls("127.0.0.1", sockets)
-    servers = []
-    for i, sock in enumerate(sockets):
-        settings = Settings(
-            workers=(worker.url,), fleet=urls, shard=i, api_key="trainer", admin_api_key="operator"
-        )
-        app = create_app(settings, tokenizer=template)
-        servers.append(await start_server(nursery, app, bind=[f"fd://{sock.detach()}"]))
+    urls = await in_process_fleet(2, api_key="trainer", admin_api_key="operator")
     trainer = {"Authorization": "Bearer trainer"}
     operator = {"Authorization": "Bearer operator"}
     session_id = next(f"k{i}" for i in range(100) if rendezvous_owner(urls, f"k{i}") == urls[1])
@@ -301,5 +353,3 @@ async def test_keys_across_the_fleet(
         assert (await http.get(f"{urls[1]}/metrics?fleet=1")).status_code == 401
         added = await http.post(f"{urls[0]}/workers", json={"url": extra}, headers=operator)
         assert [s["status"] for s in added.json()["fleet"]] == [201, 201]
-    for server in servers:
-        await server.aclose()
