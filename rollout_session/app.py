@@ -141,7 +141,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     fleet = Fleet.of(settings)
     inner: ASGIFramework = app.asgi_app
     if fleet is not None:  # a fleet's shard (fleet.py): its routes inside the edge
-        inner = fleet_routes = FleetRoutes(inner, fleet, settings)
+        inner = fleet_routes = FleetRoutes(inner, fleet, settings, ctx.store.registry)
         app.before_serving(fleet_routes.open)
         app.after_serving(fleet_routes.aclose)
     # Quart's documented middleware hook: wrap asgi_app, keep the app object.

@@ -27,8 +27,9 @@ Two ASGI layers, around the app's HTTP edge (`http_edge.HttpEdge`):
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -61,8 +62,11 @@ from .http_edge import (
 )
 from .metrics import CONTENT_TYPE
 from .session_routing import SessionRouting
+from .sessions import Session
 
 __all__ = ["Fleet", "FleetRedirect", "FleetRoutes", "own_url"]
+
+logger = logging.getLogger("rollout_session")
 
 _JSON = b"application/json"
 # Headers a fan-out request carries on: the caller's key and its body's type.
@@ -197,9 +201,16 @@ class FleetRoutes:
     owner, fleet-wide reads and changes (module doc). Reaches the shards
     with `http` (owned by the app: opened and closed with it)."""
 
-    def __init__(self, app: ASGIFramework, fleet: Fleet, settings: Settings) -> None:
+    def __init__(
+        self,
+        app: ASGIFramework,
+        fleet: Fleet,
+        settings: Settings,
+        registry: Iterable[Session] = (),
+    ) -> None:
         self._app = app
         self._fleet = fleet
+        self._registry = registry
         self.http: httpx.AsyncClient | None = None
         # Changes may wait for in-flight turns (pause, drain), which the
         # upstream timeout bounds; a shard that does not connect is down.
@@ -209,6 +220,18 @@ class FleetRoutes:
 
     async def open(self) -> None:
         self.http = httpx.AsyncClient(timeout=self._timeout)
+        # The journal was replayed before start-up: sessions it restored
+        # that another shard owns are out of every client's reach.
+        misplaced = [s.id for s in self._registry if not self._fleet.owns(s.id)]
+        if misplaced:
+            logger.warning(
+                "%d restored sessions (e.g. %s) belong to another shard by this fleet's "
+                "URLs: the fleet's URLs or size changed since they were journaled, and "
+                "requests for them are redirected to a shard that does not hold them. "
+                "Start the fleet with the URLs it had (docs/deploy.md#a-fleet)",
+                len(misplaced),
+                ", ".join(misplaced[:3]),
+            )
 
     async def aclose(self) -> None:
         if self.http is not None:

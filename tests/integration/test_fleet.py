@@ -353,3 +353,42 @@ async def test_keys_across_the_fleet(
         assert (await http.get(f"{urls[1]}/metrics?fleet=1")).status_code == 401
         added = await http.post(f"{urls[0]}/workers", json={"url": extra}, headers=operator)
         assert [s["status"] for s in added.json()["fleet"]] == [201, 201]
+
+
+async def test_a_shard_warns_of_restored_sessions_it_does_not_own(
+    nursery: trio.Nursery,
+    text_model: TextModel,
+    chat_tokenizers: dict[str, ChatTokenizer],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A journal written by a one-shard fleet, replayed by shard 0 of a
+    two-shard one: the sessions shard 1 now owns are named in a warning."""
+    template = chat_tokenizers["chatml"]
+    worker = await spawn_worker(
+        nursery, text_model, EmulatorConfig(seed=0, chat_template=template.chat_template)
+    )
+    before, after = bind_sockets("127.0.0.1", 0, 1), bind_sockets("127.0.0.1", 0, 2)
+    old, new = fleet_urls("127.0.0.1", before), fleet_urls("127.0.0.1", after)
+    # Some ids, and one that the second shard of the new fleet owns.
+    candidates = (f"j{i}" for i in range(1000))
+    to_second = next(i for i in candidates if rendezvous_owner(new, i) == new[1])
+    ids = [*(f"k{i}" for i in range(4)), to_second]
+    moved = [i for i in ids if rendezvous_owner(new, i) != new[0]]
+    common: dict[str, Any] = {
+        "workers": (worker.url,),
+        "journal": str(tmp_path),
+        "journal_fsync": "never",
+    }
+    app = create_app(Settings(fleet=old, shard=0, **common), tokenizer=template)
+    server = await start_server(nursery, app, bind=[f"fd://{before[0].detach()}"])
+    async with httpx.AsyncClient(timeout=30) as http:
+        for session_id in ids:
+            created = await http.post(f"{old[0]}/sessions", json={"session_id": session_id})
+            assert created.status_code == 201
+    await server.aclose()
+    after[1].close()
+    app = create_app(Settings(fleet=new, shard=0, **common), tokenizer=template)
+    server = await start_server(nursery, app, bind=[f"fd://{after[0].detach()}"])
+    assert f"{len(moved)} restored sessions (e.g. {moved[0]}" in caplog.text
+    await server.aclose()
