@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 import httpx
 import orjson
@@ -62,7 +62,7 @@ from .http_edge import (
 )
 from .metrics import CONTENT_TYPE
 from .session_routing import SessionRouting
-from .sessions import Session
+from .sessions import SESSION_ID, Session
 
 __all__ = ["Fleet", "FleetRedirect", "FleetRoutes", "own_url"]
 
@@ -84,6 +84,8 @@ _BROADCAST = frozenset(
 _FORWARDED_BY = b"x-rollout-fleet-forwarded-by"
 _AGGREGATED = frozenset({"/health", "/workers", "/metrics", "/sessions"})
 _SESSIONS = "/sessions/"
+# What a path keeps unquoted in a Location (RFC 3986's pchar and "/").
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 # Past the upstream timeout, for a shard's own answer to a change to arrive.
 _MARGIN_S = 30.0
 
@@ -146,7 +148,9 @@ class FleetRedirect:
 
     def _session_of(self, scope: HTTPScope, path: str) -> str | None:
         if path.startswith(_SESSIONS):
-            return path[len(_SESSIONS) :].split("/", 1)[0] or None
+            found = path[len(_SESSIONS) :].split("/", 1)[0]
+            # No session could have another id: this shard answers 404.
+            return found if SESSION_ID.fullmatch(found) else None
         try:
             routed = self._routing.route(path, scope["headers"])
         except RolloutSessionError:
@@ -164,7 +168,7 @@ class FleetRedirect:
         if path is None or session_id is None or self._fleet.owns(session_id):
             await self._app(scope, receive, send)
             return
-        location = self._fleet.owner(session_id) + path
+        location = self._fleet.owner(session_id) + quote(path, safe=_PATH_SAFE)
         if scope["query_string"]:
             location += "?" + scope["query_string"].decode("latin-1")
         headers = [(b"location", location.encode())]
