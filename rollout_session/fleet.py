@@ -55,6 +55,7 @@ from .errors import InternalError, InvalidRequest, RolloutSessionError, ShardUna
 from .http_edge import (
     BODY_TIMEOUT_S,
     RawResponse,
+    _ambiguous_framing,
     _replay,
     error_response,
     route_path,
@@ -165,7 +166,13 @@ class FleetRedirect:
             return
         path = route_path(scope)
         session_id = None if path is None else self._session_of(scope, path)
-        if path is None or session_id is None or self._fleet.owns(session_id):
+        # Ambiguous framing is the edge's to refuse (and close), wherever it goes.
+        if (
+            path is None
+            or session_id is None
+            or self._fleet.owns(session_id)
+            or _ambiguous_framing(scope["headers"])
+        ):
             await self._app(scope, receive, send)
             return
         location = self._fleet.owner(session_id) + quote(path, safe=_PATH_SAFE)

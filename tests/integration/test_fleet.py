@@ -31,6 +31,7 @@ from rollout_session.testing.processes import start_listening
 from rollout_session.tokenization import ChatTokenizer
 
 from ..conftest import spawn_worker
+from .raw_http import RawConnection
 
 _READY = re.compile(r"^rollout-session fleet of 3 shards: (.+)$")
 _PID = re.compile(r"^\[shard (\d)\] pid (\d+) for ")
@@ -392,3 +393,28 @@ async def test_a_shard_warns_of_restored_sessions_it_does_not_own(
     server = await start_server(nursery, app, bind=[f"fd://{after[0].detach()}"])
     assert f"{len(moved)} restored sessions (e.g. {moved[0]}" in caplog.text
     await server.aclose()
+
+
+async def test_a_redirect_keeps_the_connection_and_ambiguous_framing_is_refused(
+    in_process_fleet: InProcessFleet,
+) -> None:
+    """On a shard that does not own the session: a redirect with a body reads
+    it, so the connection carries the next request; a request with both
+    Content-Length and Transfer-Encoding meets the edge's refusal (400,
+    closed) rather than a redirect."""
+    urls = await in_process_fleet(2)
+    session_id = next(f"r{i}" for i in range(1000) if rendezvous_owner(urls, f"r{i}") == urls[1])
+    path = f"/sessions/{session_id}/v1/chat/completions"
+    conn = await RawConnection.open(urls[0])
+    try:
+        moved = await conn.request("POST", path, body=b'{"messages": []}')
+        assert moved.status == 307 and not moved.closes
+        assert moved.headers["location"] == urls[1] + path
+        again = await conn.request("GET", "/health")
+        assert again.status == 200
+        await conn.send_head("POST", path, {"content-length": "5", "transfer-encoding": "chunked"})
+        await conn.send(b"5\r\nhello\r\n0\r\n\r\n")
+        refused = await conn.response()
+        assert refused.status == 400 and refused.closes
+    finally:
+        await conn.aclose()
