@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 import trio
+from hypercorn.typing import ASGIFramework
 from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
@@ -24,6 +25,7 @@ from .chat_route import chat_route
 from .config import Settings
 from .context import ServerContext
 from .errors import NoHealthyWorker, UpstreamError
+from .fleet import Fleet, FleetRedirect, FleetRoutes
 from .http_edge import HttpEdge, error_response
 from .inspector import is_public_path, register_inspector_routes
 from .lifecycle import PauseGate, reap_forever
@@ -136,15 +138,26 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     register_admin_routes(app, ctx)
     register_inspector_routes(app, ctx)
     gate = Gate.of(settings, is_public=is_public)
+    sessions = SessionRouting(settings.session_header, settings.auto_create_sessions, ctx.store)
+    fleet = Fleet.of(settings)
+    inner: ASGIFramework = app.asgi_app
+    if fleet is not None:  # a fleet's shard (fleet.py): its routes inside the edge
+        inner = fleet_routes = FleetRoutes(inner, fleet, settings, ctx.store.registry)
+        app.before_serving(fleet_routes.open)
+        app.after_serving(fleet_routes.aclose)
     # Quart's documented middleware hook: wrap asgi_app, keep the app object.
     app.asgi_app = HttpEdge(  # type: ignore[method-assign]
-        app.asgi_app,
+        inner,
         routes=app.url_map.bind("localhost"),
         fast_routes=[chat_route(ctx), responses_route(ctx), *messages_routes(ctx)],
         authorize=gate.check if gate is not None else None,
         max_body_bytes=settings.max_body_bytes,
-        sessions=SessionRouting(settings.session_header, settings.auto_create_sessions, ctx.store),
+        sessions=sessions,
     )
+    if fleet is not None:  # and its redirects outside it
+        app.asgi_app = FleetRedirect(  # type: ignore[method-assign]
+            app.asgi_app, fleet, sessions, settings.max_body_bytes
+        )
     return app
 
 

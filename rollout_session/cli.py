@@ -13,8 +13,9 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,8 @@ _SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--journal-fsync-interval-s", "journal_fsync_interval_s", float, "for --journal-fsync"),
     ("--journal-retry-s", "journal_retry_s", float, "after a failed write, retry after"),
     ("--demo-workers", "demo_workers", int, "emulator workers started by --demo"),
+    ("--processes", "processes", int, "start this many shards on this host (a fleet)"),
+    ("--shard", "shard", int, "this server's index in --fleet"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
 )
 
@@ -157,6 +160,22 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
         help="SGLang worker base URL (repeatable; env: comma-separated WORKERS)",
     )
     parser.set_defaults(workers_env=[w for w in workers_env.split(",") if w.strip()])
+    fleet_env = env.get(_ENV_PREFIX + "FLEET", "")
+    parser.add_argument(
+        "--fleet",
+        dest="fleet",
+        action="append",
+        default=None,
+        help="every fleet shard's URL, in order (repeatable; env: comma-separated FLEET; "
+        "docs/deploy.md#a-fleet)",
+    )
+    parser.set_defaults(fleet_env=[u for u in fleet_env.split(",") if u.strip()])
+    parser.add_argument(
+        "--listen-fd",
+        type=int,
+        default=None,
+        help="serve on this bound socket, inherited, instead of --host/--port",
+    )
     parser.add_argument(
         "--sglang-session-cache",
         action="store_true",
@@ -195,9 +214,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if args.sglang_session_cache and values["kv_sessions"] == "off":
         values["kv_sessions"] = "hint"
     workers = args.workers if args.workers is not None else args.workers_env
+    fleet = args.fleet if args.fleet is not None else args.fleet_env
     return Settings(
         **values,
         workers=tuple(workers),
+        fleet=tuple(fleet),
         demo=args.demo,
         demo_reasoning=args.demo_reasoning,
         routed_experts=args.routed_experts,
@@ -205,50 +226,70 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, *, listen_fd: int | None = None) -> None:
     """Run the server (and, in demo mode, its emulator workers) until SIGINT/SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+        async def until_signal() -> None:
+            async for _ in signals:
+                break
+
+        await run_server(settings, until_signal, listen_fd=listen_fd)
+
+
+async def run_server(
+    settings: Settings,
+    until: Callable[[], Awaitable[object]],
+    *,
+    listen_fd: int | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the server until `until()` returns, then stop it gracefully. On
+    `listen_fd`, a bound socket, instead of binding host and port; the URL
+    goes to `task_status` once the server listens."""
     from .app import create_app, server_context
     from .serving import start_server
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            if settings.demo:
-                settings = await _start_demo_workers(nursery, settings)
-            app = create_app(settings)
-            # Replay before the listener opens: the app's own start-up has
-            # hypercorn's fixed limit, replay none (it takes what the journal takes).
-            store = server_context(app).store
-            try:
-                await store.open_journal(settings)
-            except OSError as exc:
-                raise JournalStartFailed(f"journal {settings.journal}: {exc}") from exc
-            try:
-                # Returns once the app has started and the socket listens (a
-                # failed start raises instead: nothing below is printed).
-                server = await start_server(
-                    nursery,
-                    app,
-                    host=settings.host,
-                    port=settings.port,
-                    max_connections=_connection_cap(settings),
-                    graceful_timeout=settings.shutdown_grace_s,
-                )
-            except BaseException:
-                with trio.CancelScope(shield=True):
-                    await store.aclose()
-                raise
-            # Startup is done: what is loaded now (tokenizer, templates, modules)
-            # lives as long as the process; keep it out of every later GC pass
-            # (docs/performance.md#gc-freeze-after-start-up).
-            gc.freeze()
-            auth = ' -H "Authorization: Bearer $KEY"' if settings.api_key else ""
-            print(f"rollout-session listening on {server.url}", flush=True)
-            print(f"  create a session: curl -X POST{auth} {server.url}/sessions", flush=True)
-            print(f"  inspector: {server.url}/ui", flush=True)
-            async for _ in signals:
-                break
-            await server.aclose()
-            nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        if settings.demo:
+            settings = await _start_demo_workers(nursery, settings)
+        app = create_app(settings)
+        # Replay before the listener opens: the app's own start-up has
+        # hypercorn's fixed limit, replay none (it takes what the journal takes).
+        store = server_context(app).store
+        try:
+            await store.open_journal(settings)
+        except OSError as exc:
+            raise JournalStartFailed(f"journal {settings.journal}: {exc}") from exc
+        bind = {} if listen_fd is None else {"bind": [f"fd://{listen_fd}"]}
+        try:
+            # Returns once the app has started and the socket listens (a
+            # failed start raises instead: nothing below is printed).
+            server = await start_server(
+                nursery,
+                app,
+                host=settings.host,
+                port=settings.port,
+                max_connections=_connection_cap(settings),
+                graceful_timeout=settings.shutdown_grace_s,
+                **bind,
+            )
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await store.aclose()
+            raise
+        # Startup is done: what is loaded now (tokenizer, templates, modules)
+        # lives as long as the process; keep it out of every later GC pass
+        # (docs/performance.md#gc-freeze-after-start-up).
+        gc.freeze()
+        auth = ' -H "Authorization: Bearer $KEY"' if settings.api_key else ""
+        print(f"rollout-session listening on {server.url}", flush=True)
+        print(f"  create a session: curl -X POST{auth} {server.url}/sessions", flush=True)
+        print(f"  inspector: {server.url}/ui", flush=True)
+        task_status.started(server.url)
+        await until()
+        await server.aclose()
+        nursery.cancel_scope.cancel()
 
 
 # Descriptors the server needs besides client and worker connections: the
@@ -396,7 +437,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     # httpx logs every request at INFO: health probes alone would flood the log.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
     try:
-        trio.run(serve, settings)
+        if settings.processes > 1:
+            from .fleet_processes import run_fleet
+
+            sys.exit(trio.run(run_fleet, settings))
+        trio.run(partial(serve, listen_fd=args.listen_fd), settings)
     except BaseException as exc:
         reason = _startup_failure(exc)
         if reason is None:

@@ -37,7 +37,13 @@ import orjson
 # The export's `?format=` views (docs/training.md).
 View = Literal["document", "sample", "steps"]
 
-__all__ = ["SessionClient", "SessionHandle", "SessionServerError", "TrajectoryLost"]
+__all__ = [
+    "SessionClient",
+    "SessionHandle",
+    "SessionServerError",
+    "TrajectoryLost",
+    "rendezvous_owner",
+]
 
 
 class SessionServerError(RuntimeError):
@@ -68,6 +74,12 @@ class SessionHandle:
 def _score(server: str, session_id: str) -> int:
     digest = hashlib.blake2b(f"{server}|{session_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
+
+
+def rendezvous_owner(servers: Sequence[str], session_id: str) -> str:
+    """Rendezvous hashing: the server with the highest score owns the id
+    (the session servers of a fleet ask the same: docs/deploy.md#a-fleet)."""
+    return max(servers, key=lambda server: _score(server, session_id))
 
 
 class SessionClient:
@@ -102,7 +114,7 @@ class SessionClient:
 
     def server_for(self, session_id: str) -> str:
         """Rendezvous hashing: the server with the highest score owns the id."""
-        return max(self.servers, key=lambda server: _score(server, session_id))
+        return rendezvous_owner(self.servers, session_id)
 
     def handle(self, session_id: str) -> SessionHandle:
         server = self.server_for(session_id)

@@ -142,6 +142,13 @@ class Settings:
     # After a failed journal write, the writer tries again after this, then
     # backing off to 30 s; changes answer 503 journal_unavailable meanwhile.
     journal_retry_s: float = 1.0
+    # A fleet (docs/deploy.md#a-fleet): every session server's URL, as agents
+    # and `SessionClient` reach it, the same list in the same order on every
+    # one; this server is `fleet[shard]`. Empty: a server on its own.
+    fleet: tuple[str, ...] = ()
+    shard: int = 0
+    # `serve --processes N`: start N shards on this host (fleet_processes.py).
+    processes: int = 1
     demo: bool = False
     demo_workers: int = 1
     # Demo workers answer with reasoning (where the chat template shows it).
@@ -233,6 +240,7 @@ class Settings:
         model = self.upstream_model
         if not (model and model.isprintable() and model == model.strip()):
             raise ValueError("upstream_model must be printable, not empty, not padded")
+        _check_fleet(self)
         if self.log_level.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError(f"unknown log level {self.log_level!r}")
 
@@ -263,6 +271,23 @@ class Settings:
     @property
     def process_threshold_bytes(self) -> int:
         return self.process_threshold_kb * 1024
+
+
+def _check_fleet(settings: Settings) -> None:
+    fleet = tuple(url.rstrip("/") for url in settings.fleet)
+    object.__setattr__(settings, "fleet", fleet)
+    if settings.processes < 1:
+        raise ValueError("processes must be >= 1")
+    for url in fleet:
+        if not url.startswith(("http://", "https://")) or "?" in url or "#" in url:
+            raise ValueError(f"fleet URL {url!r} is not an http(s)://host:port[/path] URL")
+    if len(set(fleet)) != len(fleet):
+        raise ValueError("fleet URLs must be distinct")
+    if settings.processes > 1:
+        if fleet and len(fleet) != settings.processes:
+            raise ValueError("with processes, give one fleet URL per process (or none)")
+    elif fleet and not 0 <= settings.shard < len(fleet):
+        raise ValueError(f"shard must be in 0..{len(fleet) - 1} (an index into fleet)")
 
 
 def _positive(name: str, value: float) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "SessionClosing",
     "SessionExists",
     "SessionNotFound",
+    "ShardUnavailable",
     "TemplateCannotExtend",
     "TooManySegments",
     "TooManySessions",
@@ -287,6 +288,14 @@ class JournalUnavailable(ServerError):
 
     def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ShardUnavailable(ServerError):
+    """Another session server of the fleet, which this request needed, did
+    not answer (docs/deploy.md#a-fleet)."""
+
+    status_code = 503
+    code = "shard_unavailable"
 
 
 class UpstreamTimeout(ServerError):

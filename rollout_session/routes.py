@@ -20,6 +20,7 @@ from .auth import SessionKeys
 from .context import ServerContext
 from .errors import InvalidRequest, JournalUnavailable
 from .export import VIEWS, ExportStatus, parse_include, serialize, view_document
+from .fleet import own_url
 from .kv_sessions import PRIORITY_RANGE, is_priority
 from .protocol import parse_json_object
 from .sessions import Session, SessionState
@@ -112,6 +113,7 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     store = ctx.store
     registry = store.registry
     session_keys = SessionKeys.of(ctx.settings)
+    base = own_url(ctx.settings)
 
     def session_key(session_id: str) -> str | None:
         return None if session_keys is None else session_keys.key(session_id)
@@ -163,7 +165,8 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
         return json_response(
             {
                 "session_id": session.id,
-                "base_url": f"/sessions/{session.id}/v1",
+                # Absolute in a fleet: on the shard that owns the id.
+                "base_url": f"{base}/sessions/{session.id}/v1",
                 # The agent's API key: it reaches this session's /v1 routes only.
                 "api_key": session_key(session.id),
                 "created_at": session.created_at,
