@@ -24,9 +24,16 @@ import trio
 
 from .config import Settings
 
-__all__ = ["main", "settings_from_args"]
+__all__ = [
+    "ENV_PREFIX",
+    "SERVE_OPTIONS",
+    "add_serve_arguments",
+    "main",
+    "settings_from_args",
+    "start_demo_workers",
+]
 
-_ENV_PREFIX = "ROLLOUT_SESSION_"
+ENV_PREFIX = "ROLLOUT_SESSION_"
 
 
 def _csv(value: str) -> frozenset[str]:
@@ -53,7 +60,7 @@ def _bool(value: str) -> bool:
 
 
 # (flag, Settings field, type, help). The default always comes from Settings.
-_SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
+SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--host", "host", str, "bind address"),
     ("--port", "port", int, "bind port (0 = any free port)"),
     ("--tokenizer", "tokenizer", str, "HF tokenizer dir (default: ask the first worker)"),
@@ -142,16 +149,16 @@ class JournalStartFailed(Exception):
 def _env_default(
     env: Mapping[str, str], dest: str, kind: Callable[[str], Any], default: Any
 ) -> Any:
-    raw = env.get(_ENV_PREFIX + dest.upper())
+    raw = env.get(ENV_PREFIX + dest.upper())
     return default if raw is None else kind(raw)
 
 
-def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     defaults = Settings(demo=True)
-    for flag, dest, kind, help_text in _SERVE_OPTIONS:
+    for flag, dest, kind, help_text in SERVE_OPTIONS:
         default = _env_default(env, dest, kind, getattr(defaults, dest))
         parser.add_argument(flag, dest=dest, type=kind, default=default, help=help_text)
-    workers_env = env.get(_ENV_PREFIX + "WORKERS", "")
+    workers_env = env.get(ENV_PREFIX + "WORKERS", "")
     parser.add_argument(
         "--worker",
         dest="workers",
@@ -160,7 +167,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
         help="SGLang worker base URL (repeatable; env: comma-separated WORKERS)",
     )
     parser.set_defaults(workers_env=[w for w in workers_env.split(",") if w.strip()])
-    fleet_env = env.get(_ENV_PREFIX + "FLEET", "")
+    fleet_env = env.get(ENV_PREFIX + "FLEET", "")
     parser.add_argument(
         "--fleet",
         dest="fleet",
@@ -210,7 +217,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    values = {dest: getattr(args, dest) for _, dest, _, _ in _SERVE_OPTIONS}
+    values = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}
     if args.sglang_session_cache and values["kv_sessions"] == "off":
         values["kv_sessions"] = "hint"
     workers = args.workers if args.workers is not None else args.workers_env
@@ -252,7 +259,7 @@ async def run_server(
 
     async with trio.open_nursery() as nursery:
         if settings.demo:
-            settings = await _start_demo_workers(nursery, settings)
+            settings = await start_demo_workers(nursery, settings)
         app = create_app(settings)
         # Replay before the listener opens: the app's own start-up has
         # hypercorn's fixed limit, replay none (it takes what the journal takes).
@@ -335,7 +342,7 @@ def _connection_cap(settings: Settings) -> int:
     return cap
 
 
-async def _start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
+async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
     """Emulator workers speaking the served tokenizer and template (the
     bundled test tokenizer and its ChatML template unless given)."""
     try:
@@ -406,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rollout-session", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="run the session server")
-    _add_serve_arguments(serve_parser, os.environ)
+    add_serve_arguments(serve_parser, os.environ)
     emulator_parser = commands.add_parser("emulator", help="run the SGLang emulator worker")
     emulator_cli.add_arguments(emulator_parser)
     export_parser = commands.add_parser("export", help="bulk-export sessions to JSONL/Parquet")

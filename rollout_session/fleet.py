@@ -55,9 +55,9 @@ from .errors import InternalError, InvalidRequest, RolloutSessionError, ShardUna
 from .http_edge import (
     BODY_TIMEOUT_S,
     RawResponse,
-    _ambiguous_framing,
-    _replay,
+    ambiguous_framing,
     error_response,
+    replay,
     route_path,
     send_response,
 )
@@ -171,7 +171,7 @@ class FleetRedirect:
             path is None
             or session_id is None
             or self._fleet.owns(session_id)
-            or _ambiguous_framing(scope["headers"])
+            or ambiguous_framing(scope["headers"])
         ):
             await self._app(scope, receive, send)
             return
@@ -271,7 +271,7 @@ class FleetRoutes:
         except RolloutSessionError as exc:
             response = error_response(exc)
         if response is None:  # served here after all
-            await self._app(scope, _replay(body, receive), send)
+            await self._app(scope, replay(body, receive), send)
         else:
             await send_response(send, response)
 
@@ -326,7 +326,7 @@ class FleetRoutes:
             elif message["type"] == "http.response.body":
                 sent.append(message.get("body", b""))
 
-        await self._app(local, _replay(body, receive), capture)
+        await self._app(local, replay(body, receive), capture)
         kept = [(k, v) for k, v in out_headers if k.lower() != b"content-length"]
         return RawResponse(status, kept, b"".join(sent))
 

@@ -35,11 +35,11 @@ import orjson
 import trio
 
 from .cli import (
-    _ENV_PREFIX,
-    _SERVE_OPTIONS,
-    _add_serve_arguments,
-    _start_demo_workers,
+    ENV_PREFIX,
+    SERVE_OPTIONS,
+    add_serve_arguments,
     settings_from_args,
+    start_demo_workers,
 )
 from .config import Settings
 from .serving import CannotListen
@@ -88,7 +88,7 @@ def fleet_urls(host: str, sockets: list[socket.socket]) -> tuple[str, ...]:
 def _flags(settings: Settings) -> list[str]:
     """Command-line flags for `settings` (the secrets left out)."""
     out: list[str] = []
-    for flag, dest, _, _ in _SERVE_OPTIONS:
+    for flag, dest, _, _ in SERVE_OPTIONS:
         value = getattr(settings, dest)
         if dest in _SECRETS or value == getattr(_DEFAULTS, dest):
             continue
@@ -115,13 +115,13 @@ def shard_command(settings: Settings, listen_fd: int) -> tuple[list[str], dict[s
     """The command line and environment that start `settings` as a plain
     ``serve`` on `listen_fd`. Checked by parsing it back: a setting the
     flags cannot carry refuses the start rather than differ in a shard."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_ENV_PREFIX)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     for name in _SECRETS:
         if getattr(settings, name) is not None:
-            env[_ENV_PREFIX + name.upper()] = getattr(settings, name)
+            env[ENV_PREFIX + name.upper()] = getattr(settings, name)
     flags = [*_flags(settings), "--listen-fd", str(listen_fd)]
     parser = argparse.ArgumentParser()
-    _add_serve_arguments(parser, env)
+    add_serve_arguments(parser, env)
     parsed = settings_from_args(parser.parse_args(flags))
     if parsed != settings:
         differ = [
@@ -179,7 +179,7 @@ async def run_fleet(settings: Settings) -> int:
             urls = settings.fleet or fleet_urls(settings.host, sockets)
             base = settings
             if settings.demo:
-                base = replace(await _start_demo_workers(nursery, settings), demo=False)
+                base = replace(await start_demo_workers(nursery, settings), demo=False)
             try:
                 shards = [_Shard(base, urls, i, sock) for i, sock in enumerate(sockets)]
                 for shard in shards:

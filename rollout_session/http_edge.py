@@ -87,9 +87,11 @@ __all__ = [
     "Headers",
     "HttpEdge",
     "RawResponse",
+    "ambiguous_framing",
     "as_error",
     "error_response",
     "json_answer",
+    "replay",
     "route_path",
     "session_route",
 ]
@@ -243,7 +245,7 @@ class HttpEdge:
         if scope["type"] != "http":  # lifespan (Quart's startup, shutdown); no websockets
             await self._app(scope, receive, send)
             return
-        if _ambiguous_framing(scope["headers"]):
+        if ambiguous_framing(scope["headers"]):
             refusal = InvalidRequest(
                 "a request may not carry both Content-Length and Transfer-Encoding"
             )
@@ -265,7 +267,7 @@ class HttpEdge:
             await send_response(send, _closing(self._render(scope)(error)))
             return
         if fast is None:
-            await self._app(scope, _replay(body, receive), send)
+            await self._app(scope, replay(body, receive), send)
         else:
             await self._serve_fast(*fast, body, receive, send)
 
@@ -419,7 +421,7 @@ def _not_found(path: str) -> RouteNotFound:
     return RouteNotFound(hint)
 
 
-def _ambiguous_framing(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+def ambiguous_framing(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     """Both Content-Length and Transfer-Encoding (h11 lets Transfer-Encoding
     win, as RFC 9112 allows, and would keep the connection)."""
     length = chunked = False
@@ -442,7 +444,7 @@ def _closing(response: RawResponse) -> RawResponse:
     return response._replace(headers=[*response.headers, _CLOSE])
 
 
-def _replay(body: bytes, receive: ASGIReceiveCallable) -> ASGIReceiveCallable:
+def replay(body: bytes, receive: ASGIReceiveCallable) -> ASGIReceiveCallable:
     """`receive` for Quart: the body already read, then the connection's own
     messages (the disconnect that cancels a Quart-Trio handler)."""
     pending = True

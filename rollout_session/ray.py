@@ -32,7 +32,7 @@ from typing import Any
 import ray
 import trio
 
-from .cli import _start_demo_workers, run_server
+from .cli import run_server, start_demo_workers
 from .client import SessionClient
 from .config import Settings
 from .fleet_processes import bind_sockets, fleet_urls
@@ -108,7 +108,7 @@ async def _serve_demo(
     settings: Settings, until: Any, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED
 ) -> None:
     async with trio.open_nursery() as nursery:
-        started = await _start_demo_workers(nursery, settings)
+        started = await start_demo_workers(nursery, settings)
         task_status.started((started.workers, started.tokenizer))
         await until()
         nursery.cancel_scope.cancel()

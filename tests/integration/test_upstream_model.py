@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from rollout_session import Settings
-from rollout_session.cli import _add_serve_arguments, settings_from_args
+from rollout_session.cli import add_serve_arguments, settings_from_args
 from rollout_session.testing import EmulatorConfig
 
 from ..conftest import StackFactory
@@ -71,7 +71,7 @@ def test_upstream_model_flag_and_environment(
     argv: list[str], env: dict[str, str], expected: str
 ) -> None:
     parser = argparse.ArgumentParser()
-    _add_serve_arguments(parser, env)
+    add_serve_arguments(parser, env)
     settings = settings_from_args(parser.parse_args(["--worker", "http://w:1", *argv]))
     assert settings.upstream_model == expected
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from rollout_session import Settings
-from rollout_session.cli import _add_serve_arguments, settings_from_args
+from rollout_session.cli import add_serve_arguments, settings_from_args
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_settings_are_frozen_and_normalised() -> None:
 
 def parse(argv: list[str], env: dict[str, str]) -> Settings:
     parser = argparse.ArgumentParser()
-    _add_serve_arguments(parser, env)
+    add_serve_arguments(parser, env)
     return settings_from_args(parser.parse_args(argv))
 
 
