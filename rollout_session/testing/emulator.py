@@ -203,6 +203,7 @@ class Emulator:
             "cached_tokens": self.cached_tokens,
             "prefill_tokens": self.prefill_tokens,
             "cache_used_tokens": self.cache.used_tokens,
+            "cache_referenced_tokens": self.cache.referenced_tokens,
             "gpu": self.gpu.stats(),
         }
 
