@@ -136,7 +136,11 @@ class Emulator:
                 stop_ids=generation_stop_ids(config.tokenizer_path),
             ),
         )
-        self.cache = PrefixCache(config.cache_capacity_tokens, config.cache_block_tokens)
+        self.cache = PrefixCache(
+            config.cache_capacity_tokens,
+            config.cache_block_tokens,
+            session_refs=config.enable_session_radix_cache,
+        )
         self.gpu = GpuModel(self.cache, on_change=self._notify)
         self.faults = FaultPicker(config.fault, config.fault_rate, config.seed)
         self.requests: deque[ChatRecord] = deque(maxlen=config.record_limit)
@@ -201,6 +205,7 @@ class Emulator:
             "cached_tokens": self.cached_tokens,
             "prefill_tokens": self.prefill_tokens,
             "cache_used_tokens": self.cache.used_tokens,
+            "cache_referenced_tokens": self.cache.referenced_tokens,
             "gpu": self.gpu.stats(),
         }
 
@@ -225,7 +230,8 @@ class Emulator:
         """``SessionController.maybe_reap`` (SGLang runs it about once a second;
         the emulator before anything that could observe a session)."""
         before = (len(self.sessions), self.sessions.held_tokens)
-        self.sessions.reap(self.now())
+        for sid in self.sessions.reap(self.now()):
+            self.cache.release_session(sid)  # SessionController._close
         self._sessions_changed(before)
 
     def _sessions_changed(self, before: tuple[int, int] | None = None) -> None:
@@ -269,6 +275,8 @@ class Emulator:
                 "Failed to open the session. Check if a session with the same id is still open."
             )
         self.sessions_opened.append(opened)
+        if self.cache.session_refs:
+            self.cache.open_session(opened)  # Scheduler.open_session
         self._notify()
         return Reply(200, orjson.dumps(opened))
 
@@ -283,9 +291,11 @@ class Emulator:
             return _validation_error("session_id: Field required")
         self._reap()
         self.sessions_closed.append(sid)
-        self.sessions.close(sid)
-        # The emulator's hint-mode model: close also frees what the id inserted.
+        # Scheduler.close_session: with --enable-session-radix-cache the id's
+        # references go (its blocks stay cached); without it an id that was
+        # never opened is only a logged warning in SGLang.
         self.cache.release_session(sid)
+        self.sessions.close(sid)
         self._sessions_changed()
         self._notify()
         return Reply(200, b"")
@@ -403,7 +413,10 @@ class Emulator:
         if body.get("return_routed_experts") and start_len > forwarded:
             raise BadRequest(f"routed_experts_start_len {start_len} > {forwarded} positions")
 
-        cached = await self.gpu.serve(cfg, prompt, sample.ids, session_id)
+        # serving_chat passes the top-level session_id on (session_params is dropped).
+        hint = body.get("session_id")
+        ref = self.cache.session_ref(hint if isinstance(hint, str) else None)
+        cached = await self.gpu.serve(cfg, prompt, sample.ids, ref)
         self._count_work(len(prompt), cached)
 
         routed = None
@@ -547,10 +560,11 @@ class Emulator:
         spec = SampleSpec(derive_seed(cfg.seed, seed, prompt), budget, cfg.completion_tokens)
         sample = self.speaker.sample(spec, [], None, {})
         if turn is None or not turn.streaming:
-            hint = body.get("session_id")
-            cached = await self.gpu.serve(
-                cfg, prompt, sample.ids, hint if isinstance(hint, str) else None
-            )
+            # A radix-native session (top-level session_id) or a non-streaming
+            # session_params session: both reference their KV under the flag.
+            hint = body.get("session_id") if turn is None else turn.session_id
+            ref = self.cache.session_ref(hint if isinstance(hint, str) else None)
+            cached = await self.gpu.serve(cfg, prompt, sample.ids, ref)
         else:
             cached = await self.gpu.serve(
                 cfg,

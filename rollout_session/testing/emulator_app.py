@@ -2,7 +2,7 @@
 
 Owns `create_emulator_app` (one `Emulator` per app, reachable as
 ``app.extensions["emulator"]``), the thin route adapters (SGLang's
-``/health``, ``/get_model_info``, ``/v1/models``, ``/v1/chat/completions``,
+``/health``, ``/get_model_info``, ``/server_info``, ``/v1/models``, ``/v1/chat/completions``,
 ``/generate``, ``/open_session``, ``/close_session``, plus ``/emulator/stats``) and
 `start_emulator`. What a call does is the `Emulator`'s job (`emulator`);
 this module only moves bytes and status codes between it and HTTP.
@@ -23,7 +23,10 @@ from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.faults import FAULT_HEADER, BodyFaultMiddleware, Reply
 from rollout_session.testing.generation import TextModel
 
-__all__ = ["create_emulator_app", "start_emulator"]
+__all__ = ["SGLANG_VERSION", "create_emulator_app", "start_emulator"]
+
+# The SGLang release the emulator models (what /server_info reports as `version`).
+SGLANG_VERSION = "0.5.23"
 
 
 def _json(payload: Any) -> Response:
@@ -72,6 +75,26 @@ def create_emulator_app(
             }
         )
 
+    async def server_info() -> Response:
+        # SGLang's /server_info is its resolved server args (flat, by field
+        # name) plus live state and `version`; these are the fields the
+        # emulator models.
+        return _json(
+            {
+                "model_path": config.model_name,
+                "tokenizer_path": str(config.tokenizer_path),
+                "served_model_name": config.model_name,
+                "context_length": config.context_length,
+                "page_size": config.cache_block_tokens,
+                "max_total_num_tokens": config.cache_capacity_tokens,
+                "enable_streaming_session": config.enable_streaming_session,
+                "enable_session_radix_cache": config.enable_session_radix_cache,
+                "disable_radix_cache": config.cache_capacity_tokens == 0,
+                "weight_version": config.weight_version,
+                "version": SGLANG_VERSION,
+            }
+        )
+
     async def models() -> Response:
         model = {
             "id": config.model_name,
@@ -107,6 +130,7 @@ def create_emulator_app(
     for path, view, method in (
         ("/health", health, "GET"),
         ("/get_model_info", model_info, "GET"),
+        ("/server_info", server_info, "GET"),
         ("/v1/models", models, "GET"),
         ("/v1/chat/completions", chat, "POST"),
         ("/generate", generate, "POST"),

@@ -68,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept /open_session with streaming: true (SGLang's flag of the same name)",
     )
+    add(
+        "--enable-session-radix-cache",
+        action="store_true",
+        help="session ids reference their KV; eviction takes unreferenced KV first "
+        "(SGLang's flag of the same name)",
+    )
     add("--record-limit", type=int, default=d["record_limit"],
         help="chat requests kept for inspection (default: %(default)s)")  # fmt: skip
 
@@ -99,6 +105,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         fault_rate=args.fault_rate,
         weight_version=args.weight_version,
         enable_streaming_session=args.enable_streaming_session,
+        enable_session_radix_cache=args.enable_session_radix_cache,
         record_limit=args.record_limit,
     )
 

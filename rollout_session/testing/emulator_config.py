@@ -50,6 +50,10 @@ class EmulatorConfig:
     # SGLang's --enable-streaming-session (off by default, as in SGLang):
     # /open_session with streaming: true is refused without it.
     enable_streaming_session: bool = False
+    # SGLang's --enable-session-radix-cache (off by default, as in SGLang):
+    # requests' session ids reference their KV in the prefix cache, which
+    # evicts unreferenced blocks first; without it session ids are ignored.
+    enable_session_radix_cache: bool = False
     # Chat requests kept in `Emulator.requests` (oldest dropped first); long
     # benchmarks keep this small since bodies carry whole prompts.
     record_limit: int = 1000

@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol
 
 import trio
 
-from rollout_session.testing.prefix_cache import PrefixCache
+from rollout_session.testing.prefix_cache import PrefixCache, SessionRef
 
 __all__ = ["GpuCosts", "GpuModel"]
 
@@ -97,7 +97,7 @@ class GpuModel:
         costs: GpuCosts,
         prompt: Sequence[int],
         sampled: Sequence[int],
-        session_id: str | None,
+        session: SessionRef | None,
         *,
         held: int | None = None,
         fill: Literal["all", "prompt", "none"] = "all",
@@ -107,7 +107,8 @@ class GpuModel:
         ``held``: the prefix a streaming session's slot holds (served from it,
         the cache is not looked up). ``fill``: what the cache keeps afterwards
         (a streaming turn publishes at most its first prompt; its KV stays in
-        the slot).
+        the slot). ``session``: the session reference the request took on
+        arrival, registered when it finishes (not when its prefill is published).
         """
         if not costs.gpu_contention:
             cached = self.cache.match(prompt) if held is None else held
@@ -116,27 +117,25 @@ class GpuModel:
                 + costs.prefill_s_per_token * (len(prompt) - cached)
                 + costs.decode_s_per_token * len(sampled)
             )
-            self._fill(prompt, sampled, session_id, fill)
+            self._fill(prompt, sampled, session, fill)
             return cached
         await trio.sleep(costs.base_latency_s)
-        cached = await self._prefill(
-            prompt, session_id, costs.prefill_s_per_token, held, fill != "none"
-        )
+        cached = await self._prefill(prompt, costs.prefill_s_per_token, held, fill != "none")
         await self._decode(costs.decode_s_per_token * len(sampled))
-        self._fill(prompt, sampled, session_id, fill)
+        self._fill(prompt, sampled, session, fill)
         return cached
 
     def _fill(
         self,
         prompt: Sequence[int],
         sampled: Sequence[int],
-        session_id: str | None,
+        session: SessionRef | None,
         fill: Literal["all", "prompt", "none"],
     ) -> None:
         if fill == "all":
-            self.cache.insert([*prompt, *sampled], session_id)
+            self.cache.insert([*prompt, *sampled], session)
         elif fill == "prompt":
-            self.cache.insert(prompt, session_id)
+            self.cache.insert(prompt, session)
 
     # -- contention ----------------------------------------------------------
 
@@ -165,7 +164,6 @@ class GpuModel:
     async def _prefill(
         self,
         prompt: Sequence[int],
-        session_id: str | None,
         s_per_token: float,
         held: int | None,
         publish: bool,
@@ -183,7 +181,7 @@ class GpuModel:
                     finally:
                         self._set_prefilling(False)
                 if publish:
-                    self.cache.insert(prompt, session_id)
+                    self.cache.insert(prompt)
                 return cached
         finally:
             self.prefill_waiting -= 1

@@ -128,12 +128,14 @@ class SessionTable:
         del self._sessions[session.session_id]
         self.closed += 1
 
-    def reap(self, now: float) -> None:
+    def reap(self, now: float) -> list[str]:
         """``maybe_reap``: finish deferred closes, then close timed-out sessions.
 
         SGLang's timeout counts from the last request *created* on the session
         (``last_active_time`` is set in ``create_req`` only), not from its finish.
+        Returns the ids it closed.
         """
+        before = set(self._sessions)
         for session in list(self._sessions.values()):
             if session.close_on_finish and session.inflight is None:
                 session.close_on_finish = False
@@ -144,6 +146,7 @@ class SessionTable:
             if session.timeout is not None and now - session.last_active > session.timeout:
                 self.timed_out += 1
                 self._close(session)
+        return [sid for sid in before if sid not in self._sessions]
 
     # -- requests ----------------------------------------------------------
 

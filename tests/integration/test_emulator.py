@@ -146,6 +146,16 @@ async def test_info_routes_and_tokenizer_path(serve: Serve, tokenizer: Any) -> N
     assert len(loaded) == len(tokenizer)
 
 
+@pytest.mark.parametrize("radix", [False, True], ids=["default", "session-radix"])
+async def test_server_info_has_sglang_field_names(serve: Serve, radix: bool) -> None:
+    client, _ = await serve(model_name="m/one", enable_session_radix_cache=radix)
+    info = (await client.get("/server_info")).json()
+    assert info["enable_session_radix_cache"] is radix
+    assert info["enable_streaming_session"] is False
+    assert info["model_path"] == info["served_model_name"] == "m/one"
+    assert info["version"] == "0.5.23"
+
+
 async def test_answer_has_sglang_shape(serve: Serve, tokenizer: Any) -> None:
     client, _ = await serve(weight_version="w3")
     prompt = render(tokenizer, MESSAGES, add_generation_prompt=True)
@@ -332,9 +342,10 @@ async def test_reasoning_is_split_and_rerenders_with_qwen3(serve: Serve, tokeniz
     )  # fmt: skip
 
 
-async def test_prefix_cache_grows_per_session_and_close_frees_it(serve: Serve) -> None:
-    client, emulator = await serve()
-    session = {"session_params": {"id": "s1"}}
+@pytest.mark.parametrize("radix", [False, True], ids=["plain", "session-radix"])
+async def test_prefix_cache_grows_and_close_keeps_it(serve: Serve, radix: bool) -> None:
+    client, emulator = await serve(enable_session_radix_cache=radix)
+    session = {"session_id": "s1"}
     prompt1 = list(range(1000, 1100))
     first = await chat(client, {"input_ids": prompt1, **session})
     assert first["choices"][0]["meta_info"]["cached_tokens"] == 0
@@ -344,20 +355,27 @@ async def test_prefix_cache_grows_per_session_and_close_frees_it(serve: Serve) -
     cached = second["choices"][0]["meta_info"]["cached_tokens"]
     assert cached == (len(prompt1) + len(ids1)) // 16 * 16
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
-    assert emulator.cache.session_tokens("s1") > 0
+    # With the flag the session references its latest request's path; without it nothing.
+    ids2, _ = sampled(second)
+    referenced = (len(prompt2) + len(ids2)) // 16 * 16
+    assert emulator.cache.session_tokens("s1") == (referenced if radix else 0)
+    assert set(emulator.cache.refs(prompt2 + ids2)) == ({1} if radix else {0})
 
     response = await client.post("/close_session", json={"session_id": "s1"})
     assert response.status_code == 200
     assert emulator.cache.session_tokens("s1") == 0
     assert emulator.sessions_closed == ["s1"]
+    # Close frees nothing: the blocks stay cached, unreferenced.
+    assert set(emulator.cache.refs(prompt2 + ids2)) == {0}
     again = await chat(client, {"input_ids": prompt2, "session_id": "s1"})
-    assert again["choices"][0]["meta_info"]["cached_tokens"] == 0
+    assert again["choices"][0]["meta_info"]["cached_tokens"] == (len(prompt2) - 1) // 16 * 16
 
 
-def test_prefix_cache_lru_blocks_and_ownership() -> None:
+def test_prefix_cache_evicts_lru_leaves_first() -> None:
     cache = PrefixCache(capacity_tokens=64, block_tokens=16)
     a, b = list(range(48)), list(range(100, 148))
-    cache.insert(a, "s")
+    cache.insert(a, ("s", 1))  # no session references without the flag
+    assert cache.refs(a) == [0, 0, 0]
     assert cache.match(a) == 32  # the last prompt token is never cached
     assert cache.match([*a, 7]) == 48
     assert cache.match([*a[:20], 9, 9]) == 16
@@ -365,10 +383,6 @@ def test_prefix_cache_lru_blocks_and_ownership() -> None:
     assert cache.used_tokens == 64
     assert cache.match([*a, 7]) == 16
     assert cache.match([*b, 7]) == 48
-    cache.insert(a[:16], "s")
-    cache.insert(a[:16])  # also held anonymously: survives the session
-    assert cache.release_session("s") == 0
-    assert cache.match(a[:17]) == 16
 
 
 async def test_routed_experts_deltas_concatenate_to_the_full_blob(serve: Serve) -> None:

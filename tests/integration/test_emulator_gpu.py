@@ -44,7 +44,7 @@ async def run(
     done: list[tuple[float, int]] = [(0.0, 0)] * len(requests)
 
     async def one(i: int, ids: list[int], sampled: int) -> None:
-        cached = await model.serve(costs, ids, [1] * sampled, f"s{i}")
+        cached = await model.serve(costs, ids, [1] * sampled, None)
         done[i] = (round(trio.current_time() - t0, 6), cached)
 
     async with trio.open_nursery() as nursery:

@@ -199,21 +199,30 @@ async def test_admin_add_and_drain_a_worker_with_a_turn_in_flight(
 
 
 async def test_sglang_session_cache_hints_and_close(make_stack: StackFactory) -> None:
-    stack = await make_stack(kv_sessions="hint")
+    stack = await make_stack(
+        kv_sessions="hint", emulator=EmulatorConfig(enable_session_radix_cache=True)
+    )
     session_id = await stack.create()
     await converse(stack, session_id, 2)
     assert [r.session_id for r in stack.emulator.requests] == [session_id, session_id]
-    assert stack.emulator.cache.used_tokens > 0
+    cache = stack.emulator.cache
+    used = cache.used_tokens
+    # SGLang's session radix cache: the session references its latest turn's path.
+    assert 0 < cache.session_tokens(session_id) == cache.referenced_tokens <= used
     assert (await stack.client.delete(f"/sessions/{session_id}")).status_code == 200
     with trio.fail_after(10):
         await stack.emulator.wait_until(lambda: session_id in stack.emulator.sessions_closed)
-    assert stack.emulator.cache.used_tokens == 0
+    # Close dereferences: the KV stays cached, first in line for eviction.
+    assert cache.session_tokens(session_id) == cache.referenced_tokens == 0
+    assert cache.used_tokens == used
 
 
 async def test_sglang_session_cache_closes_a_moved_session_on_its_old_worker(
     make_stack: StackFactory,
 ) -> None:
-    stack = await make_stack(num_workers=2, kv_sessions="hint")
+    stack = await make_stack(
+        num_workers=2, kv_sessions="hint", emulator=EmulatorConfig(enable_session_radix_cache=True)
+    )
     session_id = await stack.create()
     await converse(stack, session_id, 1)
     pool = stack.ctx.pool
@@ -229,6 +238,9 @@ async def test_sglang_session_cache_closes_a_moved_session_on_its_old_worker(
     with trio.fail_after(10):
         await old.emulator.wait_until(lambda: session_id in old.emulator.sessions_closed)
     assert new.emulator.sessions_closed == []
+    # The old worker keeps the KV, unreferenced; the new one references the session.
+    assert old.emulator.cache.used_tokens > 0 and old.emulator.cache.referenced_tokens == 0
+    assert new.emulator.cache.session_tokens(session_id) > 0
     assert [pool.workers[w.url].active_sessions for w in (old, new)] == [0, 1]
 
 
