@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import trio
 
+from rollout_session.testing.emulator import EmulatorConfig
+
 from ..conftest import Stack, StackFactory
 
 USER = [{"role": "user", "content": "hello"}]
@@ -94,6 +96,29 @@ async def test_failed_closes_are_logged_once_per_worker_and_counted(
     assert 'rollout_control_failures_total{call="POST /close_session"} 3.0' in metrics
     worker = (await stack.client.get("/workers")).json()["workers"][0]
     assert worker["control_failures"] == {"POST /close_session": 3}
+
+
+async def test_hint_trusts_a_worker_with_the_session_radix_cache(
+    make_stack: StackFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="rollout_session"):
+        stack = await make_stack(
+            kv_sessions="hint", emulator=EmulatorConfig(enable_session_radix_cache=True)
+        )
+        pool, url = stack.ctx.pool, stack.workers[0].url
+        with trio.fail_after(10):
+            await pool.wait_until(lambda: pool.get(url).session_hints is not None)
+    assert pool.get(url).session_hints is True
+    assert not [r for r in caplog.records if "session_radix" in r.getMessage()]
+    # Its turns take a reference on the worker; the DELETE drops it.
+    session_id = await stack.create()
+    await one_turn(stack, session_id)
+    cache = stack.emulator.cache
+    assert cache.session_tokens(session_id) > 0
+    assert (await stack.client.delete(f"/sessions/{session_id}")).status_code == 200
+    with trio.fail_after(10):
+        await stack.emulator.wait_until(lambda: cache.session_tokens(session_id) == 0)
+    assert cache.used_tokens > 0  # dereferenced, not freed
 
 
 async def test_hint_warns_about_a_worker_that_ignores_session_ids(
