@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import orjson
 import trio
 
 BENCHES = Path(__file__).resolve().parent
@@ -507,3 +508,15 @@ def pyplot() -> Any:
 def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def after_tool_call(messages: list[Any], answer: bytes, result: str) -> list[Any]:
+    """The agent's history after a chat answer (JSON bytes) that called a
+    tool: the assistant's message, then `result` for its first call."""
+    message = orjson.loads(answer)["choices"][0]["message"]
+    calls = message.get("tool_calls") or []
+    return [
+        *messages,
+        {"role": "assistant", "content": message.get("content"), "tool_calls": calls},
+        {"role": "tool", "tool_call_id": calls[0]["id"] if calls else None, "content": result},
+    ]

@@ -54,6 +54,7 @@ from _common import (
     FORCED,
     WORDS,
     Window,
+    after_tool_call,
     bench_parser,
     child,
     children,
@@ -132,17 +133,8 @@ async def run_episode(
         response = await client.post(url, content=content)
         if response.status_code != 200:
             raise RuntimeError(f"episode {ep.index} turn {turn}: {response.status_code}")
-        message = orjson.loads(response.content)["choices"][0]["message"]
-        calls = message.get("tool_calls") or []
-        messages = [
-            *messages,
-            {"role": "assistant", "content": message.get("content"), "tool_calls": calls},
-            {
-                "role": "tool",
-                "tool_call_id": calls[0]["id"] if calls else None,
-                "content": words(ep.result_words[turn], ep.index * 31 + turn),
-            },
-        ]
+        result = words(ep.result_words[turn], ep.index * 31 + turn)
+        messages = after_tool_call(messages, response.content, result)
         if turn + 1 < ep.turns:
             await trio.sleep(ep.tool_s[turn])  # the tool runs; the agent is idle
     deleted = await client.delete(f"{server}/sessions/{session_id}")

@@ -76,6 +76,7 @@ import trio
 from _common import (
     WORDS,
     Window,
+    after_tool_call,
     bench_parser,
     child,
     children,
@@ -202,19 +203,10 @@ async def agent(
         response = await client.post(url, content=orjson.dumps(body))
         if response.status_code != 200:
             raise RuntimeError(f"agent {index} turn {turn}: {response.status_code} {response.text}")
-        message = orjson.loads(response.content)["choices"][0]["message"]
-        calls = message.get("tool_calls") or []
-        messages = [
-            *messages,
-            {"role": "assistant", "content": message.get("content"), "tool_calls": calls},
-            {
-                "role": "tool",
-                "tool_call_id": calls[0]["id"] if calls else None,
-                "content": words(
-                    work.result_words[(index + turn) % len(work.result_words)], index * 31 + turn
-                ),
-            },
-        ]
+        result = words(
+            work.result_words[(index + turn) % len(work.result_words)], index * 31 + turn
+        )
+        messages = after_tool_call(messages, response.content, result)
 
 
 def max_over_mean(values: list[float]) -> float:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import trio
 from hypothesis import HealthCheck, settings
@@ -40,6 +41,19 @@ settings.register_profile(
     "long", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck)
 )
 settings.load_profile("ci")
+
+
+def agent_turn(base_url: str, api_key: str = "unused", content: str = "hello") -> str:
+    """One turn as an agent's official SDK takes it (synchronous: run it on a thread)."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    try:
+        answer = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": content}]
+        )
+        return answer.choices[0].message.content or ""
+    finally:
+        client.close()
+
 
 TOOLS = [
     {

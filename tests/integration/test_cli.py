@@ -15,16 +15,8 @@ import trio
 
 from rollout_session.testing.processes import start_listening
 
+from ..conftest import agent_turn
 from ..families import family_path
-
-
-def agent_turn(base_url: str) -> str:
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    answer = client.chat.completions.create(
-        model="any", messages=[{"role": "user", "content": "hello"}]
-    )
-    client.close()
-    return answer.choices[0].message.content or ""
 
 
 async def test_serve_demo_runs_a_session_and_stops_on_sigint() -> None:

@@ -30,7 +30,7 @@ from rollout_session.testing import EmulatorConfig, TextModel
 from rollout_session.testing.processes import start_listening
 from rollout_session.tokenization import ChatTokenizer
 
-from ..conftest import spawn_worker
+from ..conftest import agent_turn, spawn_worker
 from .raw_http import RawConnection
 
 _READY = re.compile(r"^rollout-session fleet of 3 shards: (.+)$")
@@ -105,17 +105,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetProcess]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def agent_turn(base_url: str, content: str = "hello") -> str:
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    try:
-        answer = client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": content}]
-        )
-    finally:
-        client.close()
-    return answer.choices[0].message.content or ""
 
 
 async def test_create_through_any_shard_agents_on_owner_collect_through_any(

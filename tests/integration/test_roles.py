@@ -23,7 +23,7 @@ from rollout_session.serving import start_server
 from rollout_session.testing import EmulatorConfig, TextModel
 from rollout_session.tokenization import ChatTokenizer
 
-from ..conftest import Stack, StackFactory, spawn_worker
+from ..conftest import Stack, StackFactory, agent_turn, spawn_worker
 
 KEY = "trainer-key"
 ADMIN = "operator-key"
@@ -60,16 +60,6 @@ async def create(stack: Stack, session_id: str) -> str:
     key = response.json()["api_key"]
     assert isinstance(key, str)
     return key
-
-
-def agent_turn(base_url: str, key: str) -> str:
-    """One turn as an agent's SDK takes it: the key is its api_key."""
-    client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
-    try:
-        answer = client.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
-        return answer.choices[0].message.content or ""
-    finally:
-        client.close()
 
 
 async def request(

@@ -120,6 +120,8 @@ async def test_failed_close_session_is_logged_once_per_worker(
     assert logged[0].levelno == logging.WARNING
     listed = (await stack.client.get("/workers")).json()["workers"][0]
     assert listed["control_failures"] == {"POST /close_session": 3}
+    metrics = (await stack.client.get("/metrics")).text
+    assert 'rollout_control_failures_total{call="POST /close_session"} 3.0' in metrics
 
 
 async def test_failed_health_probes_say_why_once(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import trio
 
@@ -19,6 +19,8 @@ ray = pytest.importorskip("ray")
 
 from rollout_session.client import rendezvous_owner  # noqa: E402
 from rollout_session.ray import start_fleet  # noqa: E402
+
+from ..conftest import agent_turn  # noqa: E402
 
 
 def _descendants(root: int) -> set[int]:
@@ -64,17 +66,6 @@ def cluster() -> Iterator[Any]:
         ray.shutdown()
 
 
-def agent_turn(base_url: str, content: str) -> str:
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    try:
-        answer = client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": content}]
-        )
-    finally:
-        client.close()
-    return answer.choices[0].message.content or ""
-
-
 async def test_two_actor_fleet_runs_20_sessions_and_shuts_down_cleanly(cluster: Any) -> None:
     before = _serving(_descendants(os.getpid()))
     fleet = await trio.to_thread.run_sync(
@@ -89,7 +80,9 @@ async def test_two_actor_fleet_runs_20_sessions_and_shuts_down_cleanly(cluster: 
             assert {h.server for h in handles} == set(fleet.urls)  # both shards used
             for i, handle in enumerate(handles):
                 assert handle.server == rendezvous_owner(fleet.urls, handle.session_id)
-                await trio.to_thread.run_sync(agent_turn, handle.base_url, f"task {i}")
+                await trio.to_thread.run_sync(
+                    partial(agent_turn, handle.base_url, content=f"task {i}")
+                )
             for i, handle in enumerate(handles):
                 doc = await client.close(handle)
                 assert doc["status"] == "closed" and doc["metadata"] == {"i": i}
