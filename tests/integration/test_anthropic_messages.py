@@ -459,18 +459,21 @@ _COUNT_ACCEPTS = {
     "n-2",
 }
 BAD_COUNTS = [(n, b) for n, b in BAD_INPUTS if n not in _COUNT_ACCEPTS]
+# The root route is the session route once the edge has read the session
+# header (session_routing.py): a few rows of each kind show the same shape.
+ROOT_ROWS = ("not-json", "json-array", "no-max-tokens", "block-unknown", "server-tool")
 
 
 @pytest.mark.parametrize(
     ("route", "body"),
     [
         *(("messages", body) for _, body in BAD_INPUTS),
-        *(("root", body) for _, body in BAD_INPUTS),
+        *(("root", body) for n, body in BAD_INPUTS if n in ROOT_ROWS),
         *(("count", body) for _, body in BAD_COUNTS),
     ],
     ids=[
         *(f"messages-{n}" for n, _ in BAD_INPUTS),
-        *(f"root-{n}" for n, _ in BAD_INPUTS),
+        *(f"root-{n}" for n, _ in BAD_INPUTS if n in ROOT_ROWS),
         *(f"count-{n}" for n, _ in BAD_COUNTS),
     ],
 )

@@ -231,7 +231,7 @@ async def test_hostile_requests_never_5xx_nor_change_history(make_stack: Any) ->
 
     # Hypothesis drives a synchronous test: it runs in a worker thread and
     # hands each request to this trio loop, where the servers live.
-    @given(st.lists(request, min_size=10, max_size=10))
+    @given(st.lists(request, min_size=5, max_size=5))
     def run(specs: list[Any]) -> None:
         for spec in specs:
             response = trio.from_thread.run(send, client, spec)
@@ -249,5 +249,5 @@ async def test_hostile_requests_never_5xx_nor_change_history(make_stack: Any) ->
         await trio.to_thread.run_sync(run)
     finally:
         await client.aclose()
-    assert len(statuses) >= 2000
+    assert len(statuses) >= 1000
     assert (await stack.client.get(f"/sessions/{PROTECTED}/trajectory")).content == before

@@ -76,8 +76,18 @@ BAD_INPUTS: list[tuple[str, bytes]] = [
 ]
 
 
-@pytest.mark.parametrize("route", ["session", "root"], ids=["session-route", "root-route"])
-@pytest.mark.parametrize(("name", "body"), BAD_INPUTS, ids=[n for n, _ in BAD_INPUTS])
+# The root route is the session route once the edge has read the session
+# header (session_routing.py): the body is parsed by the same code, so a few
+# rows of each kind show it answers in the same shape.
+ROOT_ROWS = ("not-json", "not-object", "input-object", "tool-no-name", "builtin-tool")
+CASES = [("session", n, b) for n, b in BAD_INPUTS] + [
+    ("root", n, b) for n, b in BAD_INPUTS if n in ROOT_ROWS
+]
+
+
+@pytest.mark.parametrize(
+    ("route", "name", "body"), CASES, ids=[f"{n}-{route}-route" for route, n, _ in CASES]
+)
 async def test_bad_input_is_a_4xx_in_openais_shape(
     stack: Stack, route: str, name: str, body: bytes
 ) -> None:

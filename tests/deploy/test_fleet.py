@@ -31,7 +31,7 @@ from rollout_session.testing.processes import start_listening
 from rollout_session.tokenization import ChatTokenizer
 
 from ..conftest import agent_turn, spawn_worker
-from .raw_http import RawConnection
+from ..integration.raw_http import RawConnection
 
 _READY = re.compile(r"^rollout-session fleet of 3 shards: (.+)$")
 _PID = re.compile(r"^\[shard (\d)\] pid (\d+) for ")

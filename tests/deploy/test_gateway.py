@@ -32,7 +32,7 @@ from rollout_session.testing import EmulatorConfig, TextModel
 from rollout_session.tokenization import ChatTokenizer
 
 from ..conftest import TOOLS, Stack, StackFactory, Worker, spawn_worker
-from .test_turns import check_document, echo
+from ..integration.test_turns import check_document, echo
 
 SERVED = EmulatorConfig().model_name
 # Each gateway test starts smg; its start-up and worker registration take a second or two.
