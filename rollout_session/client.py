@@ -156,6 +156,7 @@ class SessionClient:
         *,
         metadata: dict[str, Any] | None = None,
         ttl_s: float | None = None,
+        priority: int | None = None,
     ) -> SessionHandle:
         handle = self.handle(session_id or uuid.uuid4().hex)
         body: dict[str, Any] = {"session_id": handle.session_id}
@@ -163,6 +164,8 @@ class SessionClient:
             body["metadata"] = metadata
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
+        if priority is not None:
+            body["priority"] = priority  # SGLang's, for this session's turns
         response, retried = await self._send("POST", f"{handle.server}/sessions", json=body)
         if retried and response.status_code == 409:
             # A retried create that finds its own id means the first one

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 
+from rollout_session.client import SessionClient
 from rollout_session.testing.emulator import EmulatorConfig
 
 from ..conftest import Stack, StackFactory
@@ -36,6 +37,13 @@ async def test_a_sessions_priority_is_sent_over_the_agents(make_stack: StackFact
     assert [b["priority"] for b in bodies(stack)] == [5, -3]
     summary = (await stack.client.get(f"/sessions/{own}")).json()
     assert summary["priority"] == -3
+
+
+async def test_the_client_creates_a_session_with_a_priority(stack: Stack) -> None:
+    async with SessionClient([stack.url]) as client:
+        handle = await client.create(priority=2)
+    await one_turn(stack, handle.session_id)
+    assert bodies(stack)[0]["priority"] == 2
 
 
 async def test_without_a_priority_the_agents_own_passes_through(stack: Stack) -> None:
