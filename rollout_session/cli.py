@@ -23,6 +23,7 @@ import orjson
 import trio
 
 from .config import Settings
+from .kv_sessions import KvMode
 
 __all__ = [
     "ENV_PREFIX",
@@ -219,7 +220,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str])
 def settings_from_args(args: argparse.Namespace) -> Settings:
     values = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}
     if args.sglang_session_cache and values["kv_sessions"] == "off":
-        values["kv_sessions"] = "hint"
+        values["kv_sessions"] = KvMode.HINT.value
     workers = args.workers if args.workers is not None else args.workers_env
     fleet = args.fleet if args.fleet is not None else args.fleet_env
     return Settings(

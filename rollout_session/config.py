@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, is_priority
+from .kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, KvMode, is_priority
 from .placement import PLACEMENTS
 from .segments import OnDivergence, PromptMode
 from .worker_urls import WorkerHosts, worker_url
@@ -252,6 +252,11 @@ class Settings:
     def max_answer_bytes(self) -> int:
         default = _MAX_ANSWER_MB_EXPERTS if self.routed_experts else _MAX_ANSWER_MB
         return int((self.max_answer_mb or default) * 1024 * 1024)
+
+    @property
+    def session_hints(self) -> bool:
+        """--kv-sessions hint: each turn names its session to the worker."""
+        return self.kv_sessions == KvMode.HINT.value
 
     @property
     def fixed_upstream_model(self) -> str | None:

@@ -295,7 +295,7 @@ class WorkerPool:
     def _close_remote(self, worker: Worker, session_id: str) -> None:
         """With --kv-sessions hint, drop the session's reference to its KV on
         `worker` now (in the background), so SGLang may evict it first."""
-        if self._settings.kv_sessions == "hint" and self._nursery is not None:
+        if self._settings.session_hints and self._nursery is not None:
             self._nursery.start_soon(self._close_remote_session, worker.url, session_id)
 
     async def _close_remote_session(self, url: str, session_id: str) -> None:
@@ -317,7 +317,7 @@ class WorkerPool:
         """Server shutdown, with --kv-sessions hint: close every session's
         worker-side session now, concurrently and within the health timeout
         (best effort: what is left stays referenced until the worker evicts it)."""
-        if self._settings.kv_sessions != "hint":
+        if not self._settings.session_hints:
             return
         pinned = [(s.worker, s.id) for s in sessions if s.worker is not None]
         if not pinned:
@@ -337,7 +337,7 @@ class WorkerPool:
         does not say it runs --enable-session-radix-cache: without it SGLang
         ignores the hints, and nothing else would tell the operator."""
         key = (worker.url, "hint_support")
-        if self._settings.kv_sessions != "hint" or key in self._control_logged:
+        if not self._settings.session_hints or key in self._control_logged:
             return
         self._control_logged.add(key)
         if self._nursery is not None:
