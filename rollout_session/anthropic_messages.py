@@ -32,7 +32,6 @@ re-sent history converts to what the session stored (messages.py matches it):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -40,7 +39,8 @@ import orjson
 
 from .errors import InvalidRequest, RolloutSessionError
 from .messages import Message
-from .protocol import parse_json_object
+from .protocol import parse_json_object, tool_list
+from .streaming import encode_typed_events, text_pieces
 
 __all__ = [
     "MessagesRequest",
@@ -303,12 +303,8 @@ def _assistant(content: Any, where: str) -> Message:
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise InvalidRequest("tools must be a list", param="tools")
     converted = []
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(tool_list(tools)):
         at = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise InvalidRequest(f"{at} must be an object", param=at)
@@ -448,14 +444,6 @@ def render_message(answer: dict[str, Any], request: MessagesRequest) -> dict[str
     }
 
 
-_PIECE: Final = 1024  # characters per delta (bounds each event, as streaming.py)
-
-
-def _pieces(text: str) -> Iterator[str]:
-    for start in range(0, len(text), _PIECE):
-        yield text[start : start + _PIECE]
-
-
 def message_events(message: dict[str, Any]) -> bytes:
     """Anthropic's event stream for a complete `message`, after the fact (the
     turn was generated and committed whole, as on the chat route)."""
@@ -473,14 +461,18 @@ def message_events(message: dict[str, Any]) -> bytes:
         kind = block["type"]
         if kind == "thinking":
             head: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [{"type": "thinking_delta", "thinking": p} for p in _pieces(block["thinking"])]
+            deltas = [
+                {"type": "thinking_delta", "thinking": p} for p in text_pieces(block["thinking"])
+            ]
         elif kind == "text":
             head = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": p} for p in _pieces(block["text"])]
+            deltas = [{"type": "text_delta", "text": p} for p in text_pieces(block["text"])]
         else:  # tool_use
             head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             arguments = orjson.dumps(block["input"]).decode()
-            deltas = [{"type": "input_json_delta", "partial_json": p} for p in _pieces(arguments)]
+            deltas = [
+                {"type": "input_json_delta", "partial_json": p} for p in text_pieces(arguments)
+            ]
         events.append({"type": "content_block_start", "index": index, "content_block": head})
         for delta in deltas:
             events.append({"type": "content_block_delta", "index": index, "delta": delta})
@@ -496,9 +488,7 @@ def message_events(message: dict[str, Any]) -> bytes:
         }
     )
     events.append({"type": "message_stop"})
-    return b"".join(
-        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
-    )
+    return encode_typed_events(events)
 
 
 # --- errors ---

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -41,7 +41,8 @@ import orjson
 
 from .errors import InvalidRequest
 from .messages import Message
-from .protocol import parse_json_object
+from .protocol import parse_json_object, tool_list
+from .streaming import encode_typed_events, text_pieces
 from .trajectory import Turn
 
 __all__ = [
@@ -242,12 +243,8 @@ def _input_messages(items: Any) -> list[Message]:
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise InvalidRequest("tools must be a list", param="tools")
     converted = []
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(tool_list(tools)):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function" or not isinstance(tool.get("name"), str):
             raise InvalidRequest(
@@ -406,14 +403,6 @@ def render_response(
     }
 
 
-_PIECE: Final = 1024  # characters per text delta (bounds each event, as streaming.py)
-
-
-def _pieces(text: str) -> Iterator[str]:
-    for start in range(0, len(text), _PIECE):
-        yield text[start : start + _PIECE]
-
-
 def response_events(response: dict[str, Any]) -> bytes:
     """The Responses event stream for a complete `response`, after the fact
     (the turn was generated and committed whole, as on the chat route)."""
@@ -434,45 +423,21 @@ def response_events(response: dict[str, Any]) -> bytes:
                 item={**item, "status": "in_progress", "content": []},
             )
             text = item["content"][0]["text"]
+            # Every event of the message's one content part names it the same way.
+            at = {"item_id": item["id"], "output_index": index, "content_index": 0}
             part = {"type": "output_text", "text": "", "annotations": []}
-            emit(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=part,
-            )
-            for piece in _pieces(text):
-                emit(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=index,
-                    content_index=0,
-                    delta=piece,
-                    logprobs=[],
-                )
-            emit(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                text=text,
-                logprobs=[],
-            )
-            emit(
-                "response.content_part.done",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=item["content"][0],
-            )
+            emit("response.content_part.added", **at, part=part)
+            for piece in text_pieces(text):
+                emit("response.output_text.delta", **at, delta=piece, logprobs=[])
+            emit("response.output_text.done", **at, text=text, logprobs=[])
+            emit("response.content_part.done", **at, part=item["content"][0])
         elif kind == "function_call":
             emit(
                 "response.output_item.added",
                 output_index=index,
                 item={**item, "status": "in_progress", "arguments": ""},
             )
-            for piece in _pieces(item["arguments"]):
+            for piece in text_pieces(item["arguments"]):
                 emit(
                     "response.function_call_arguments.delta",
                     item_id=item["id"],
@@ -491,6 +456,4 @@ def response_events(response: dict[str, Any]) -> bytes:
         emit("response.output_item.done", output_index=index, item=item)
     final = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
     emit(final, response=response)
-    return b"".join(
-        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
-    )
+    return encode_typed_events(events)

@@ -22,6 +22,7 @@ __all__ = [
     "StreamMode",
     "parse_chat_request",
     "parse_json_object",
+    "tool_list",
 ]
 
 
@@ -76,11 +77,17 @@ def _check_type(raw: dict[str, Any], name: str, types: tuple[type, ...], what: s
         raise InvalidRequest(f"{name} must be {what}", param=name)
 
 
-def _check_tools(tools: Any) -> list[Any] | None:
+def tool_list(tools: Any) -> list[Any]:
+    """A request's `tools` in any protocol: [] when absent, else a list (400)."""
     if tools is None:
-        return None
+        return []
     if not isinstance(tools, list):
         raise InvalidRequest("tools must be a list", param="tools")
+    return tools
+
+
+def _check_tools(tools: Any) -> list[Any] | None:
+    tools = tool_list(tools)
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):

@@ -30,9 +30,11 @@ __all__ = [
     "SSE_CONTENT_TYPE",
     "SSE_HEADERS",
     "encode_events",
+    "encode_typed_events",
     "sse_answer",
     "sse_body",
     "stream_chunks",
+    "text_pieces",
 ]
 
 SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
@@ -61,7 +63,9 @@ PIECE_CHARS: Final = 1024
 LOGPROB_ENTRIES: Final = 16
 
 
-def _pieces(text: Any, size: int) -> Iterator[str]:
+def text_pieces(text: Any, size: int = PIECE_CHARS) -> Iterator[str]:
+    """`text` in events of at most `size` characters (nothing unless a string):
+    every protocol's SSE answer (chat, Responses, Messages) cuts it so."""
     if isinstance(text, str):
         for start in range(0, len(text), size):
             yield text[start : start + size]
@@ -74,9 +78,9 @@ def _arguments(value: Any) -> str:
 
 def _deltas(message: dict[str, Any], piece_chars: int) -> Iterator[dict[str, Any]]:
     yield {"role": "assistant", "content": ""}
-    for piece in _pieces(message.get("reasoning_content"), piece_chars):
+    for piece in text_pieces(message.get("reasoning_content"), piece_chars):
         yield {"reasoning_content": piece}
-    for piece in _pieces(message.get("content"), piece_chars):
+    for piece in text_pieces(message.get("content"), piece_chars):
         yield {"content": piece}
     for index, call in enumerate(message.get("tool_calls") or ()):
         function = call.get("function") or {}
@@ -86,7 +90,7 @@ def _deltas(message: dict[str, Any], piece_chars: int) -> Iterator[dict[str, Any
                 {"index": index, "id": call.get("id"), "type": "function", "function": head}
             ]
         }
-        for piece in _pieces(_arguments(function.get("arguments", "")), piece_chars):
+        for piece in text_pieces(_arguments(function.get("arguments", "")), piece_chars):
             yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
 
 
@@ -143,6 +147,14 @@ def encode_events(chunks: Iterable[dict[str, Any]]) -> bytes:
     events = [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks]
     events.append(b"data: [DONE]\n\n")
     return b"".join(events)
+
+
+def encode_typed_events(events: Iterable[dict[str, Any]]) -> bytes:
+    """SSE framing of the Responses and Messages APIs: ``event: {type}`` then
+    ``data: {event}`` per event, no ``[DONE]``."""
+    return b"".join(
+        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
+    )
 
 
 def sse_body(worker_body: bytes, mode: StreamMode) -> bytes:

@@ -4,7 +4,6 @@ errors in Anthropic's shape."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
@@ -17,8 +16,11 @@ from rollout_session.testing import EmulatorConfig
 from rollout_session.testing.faults import FaultPicker
 
 from ..conftest import TOOLS, Stack, StackFactory
+from .conftest import closed_after_test
 from .test_sdk import MODEL
 from .test_turns import check_document, echo
+
+pytestmark = pytest.mark.usefixtures("close_sdk_clients")
 
 USER = "What does main.py print?"
 MAX_TOKENS = 64
@@ -31,15 +33,6 @@ ANTHROPIC_TOOLS: Any = [
     for tool in TOOLS
 ]
 
-_clients: list[anthropic.AsyncAnthropic] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_clients() -> AsyncIterator[None]:
-    yield
-    while _clients:
-        await _clients.pop().close()
-
 
 def client(
     stack: Stack, session_id: str | None, *, api_key: str = "unused", **kwargs: Any
@@ -47,9 +40,9 @@ def client(
     """The SDK pointed at a session: its base URL is the one the SDK appends
     ``/v1/messages`` to (ANTHROPIC_BASE_URL for Claude Code)."""
     base = stack.url if session_id is None else f"{stack.url}/sessions/{session_id}"
-    made = anthropic.AsyncAnthropic(base_url=base, api_key=api_key, max_retries=0, **kwargs)
-    _clients.append(made)
-    return made
+    return closed_after_test(
+        anthropic.AsyncAnthropic(base_url=base, api_key=api_key, max_retries=0, **kwargs)
+    )
 
 
 def committed(doc: dict[str, Any]) -> tuple[Any, ...]:

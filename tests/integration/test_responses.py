@@ -3,7 +3,6 @@ through the official `openai` SDK: the same turns as chat completions."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
@@ -12,9 +11,12 @@ import pytest
 from rollout_session.testing import EmulatorConfig
 
 from ..conftest import TOOLS, Stack, StackFactory
+from .conftest import closed_after_test
 from .test_root_routes import episode as chat_episode  # the same loop in chat completions
 from .test_sdk import MODEL
 from .test_turns import check_document
+
+pytestmark = pytest.mark.usefixtures("close_sdk_clients")
 
 USER = "What does main.py print?"
 RESPONSES_TOOLS: list[dict[str, Any]] = [
@@ -22,22 +24,13 @@ RESPONSES_TOOLS: list[dict[str, Any]] = [
     for tool in TOOLS
 ]
 
-_clients: list[openai.AsyncOpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_clients() -> AsyncIterator[None]:
-    yield
-    while _clients:
-        await _clients.pop().close()
-
 
 def client(stack: Stack, session_id: str) -> openai.AsyncOpenAI:
-    made = openai.AsyncOpenAI(
-        base_url=f"{stack.url}/sessions/{session_id}/v1", api_key="unused", max_retries=0
+    return closed_after_test(
+        openai.AsyncOpenAI(
+            base_url=f"{stack.url}/sessions/{session_id}/v1", api_key="unused", max_retries=0
+        )
     )
-    _clients.append(made)
-    return made
 
 
 def committed(doc: dict[str, Any]) -> tuple[Any, ...]:
@@ -181,7 +174,7 @@ async def test_responses_at_the_root_with_the_session_header(stack: Stack) -> No
         max_retries=0,
         default_headers={"X-Session-ID": session_id},
     )
-    _clients.append(agent)
+    closed_after_test(agent)
     response = await agent.responses.create(model=MODEL, input=USER)
     assert response.output_text
     assert len((await stack.trajectory(session_id))["turns"]) == 1

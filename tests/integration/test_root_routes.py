@@ -4,7 +4,6 @@ the model routes at the root, a session named by its header or its key."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -13,31 +12,25 @@ import pytest
 import trio
 
 from ..conftest import TOOLS, Stack, StackFactory
+from .conftest import closed_after_test
 from .test_sdk import MODEL
 from .test_turns import check_document, echo
 
+pytestmark = pytest.mark.usefixtures("close_sdk_clients")
+
 USER = [{"role": "user", "content": "What does main.py print?"}]
-
-_clients: list[openai.AsyncOpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_clients() -> AsyncIterator[None]:
-    yield
-    while _clients:
-        await _clients.pop().close()
 
 
 def root_client(stack: Stack, **headers: str) -> openai.AsyncOpenAI:
     """An SDK client on the server's one base URL (`{server}/v1`)."""
-    made = openai.AsyncOpenAI(
-        base_url=f"{stack.url}/v1",
-        api_key=headers.pop("api_key", "unused"),
-        max_retries=0,
-        default_headers=headers,
+    return closed_after_test(
+        openai.AsyncOpenAI(
+            base_url=f"{stack.url}/v1",
+            api_key=headers.pop("api_key", "unused"),
+            max_retries=0,
+            default_headers=headers,
+        )
     )
-    _clients.append(made)
-    return made
 
 
 async def episode(agent: openai.AsyncOpenAI, turns: int) -> list[dict[str, Any]]:
@@ -71,7 +64,7 @@ async def test_a_root_episode_is_the_session_routes_episode(make_stack: StackFac
             agent = openai.AsyncOpenAI(
                 base_url=f"{stack.url}/sessions/{session_id}/v1", api_key="x", max_retries=0
             )
-            _clients.append(agent)
+            closed_after_test(agent)
         await episode(agent, turns=3)
         doc = await stack.trajectory(session_id)
         check_document(doc)

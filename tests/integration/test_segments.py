@@ -10,7 +10,6 @@ answers a retry replaced — and each segment keeps the export's invariants.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,11 @@ import pytest
 from rollout_session.testing.emulator import EmulatorConfig
 
 from ..conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
+from .conftest import closed_after_test
 from .test_sdk import MODEL, base_url
 from .test_turns import check_document, echo
+
+pytestmark = pytest.mark.usefixtures("close_sdk_clients")
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 USER_1 = {"role": "user", "content": "What does main.py print?"}
@@ -84,21 +86,11 @@ def branches(doc: dict[str, Any]) -> list[Any]:
     return [s["branch"] for s in doc["segments"]]
 
 
-_clients: list[openai.AsyncOpenAI] = []
-
-
-@pytest.fixture(autouse=True)
-async def close_clients() -> AsyncIterator[None]:
-    yield
-    while _clients:
-        await _clients.pop().close()
-
-
 def client(url: str, **options: Any) -> openai.AsyncOpenAI:
     """An SDK client, closed when the test ends."""
-    made = openai.AsyncOpenAI(**{"api_key": "unused", "max_retries": 0, **options}, base_url=url)
-    _clients.append(made)
-    return made
+    return closed_after_test(
+        openai.AsyncOpenAI(**{"api_key": "unused", "max_retries": 0, **options}, base_url=url)
+    )
 
 
 async def episode(stack: Stack, **agent: Any) -> tuple[str, Agent]:
