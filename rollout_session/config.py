@@ -254,7 +254,7 @@ class Settings:
         return int((self.max_answer_mb or default) * 1024 * 1024)
 
     @property
-    def session_hints(self) -> bool:
+    def sends_session_hints(self) -> bool:
         """--kv-sessions hint: each turn names its session to the worker."""
         return self.kv_sessions == KvMode.HINT.value
 

@@ -58,7 +58,7 @@ class TurnPolicy:
             prompt_mode=PromptMode(settings.prompt_mode),
             max_segments=settings.max_segments,
             max_session_tokens=settings.max_session_tokens,
-            session_hint=settings.session_hints,
+            session_hint=settings.sends_session_hints,
             default_priority=settings.default_priority,
             routed_experts=settings.routed_experts,
         )

@@ -183,6 +183,8 @@ class WorkerPool:
         # Best-effort control calls that failed, per call (logged once per worker).
         self.control_failures: Counter[str] = Counter()
         self._control_logged: set[tuple[str, str]] = set()
+        # Workers whose /server_info was read for --kv-sessions hint (once each).
+        self._hints_asked: set[str] = set()
         self._first_round = trio.Event()
         self._changed = trio.Event()
 
@@ -295,7 +297,7 @@ class WorkerPool:
     def _close_remote(self, worker: Worker, session_id: str) -> None:
         """With --kv-sessions hint, drop the session's reference to its KV on
         `worker` now (in the background), so SGLang may evict it first."""
-        if self._settings.session_hints and self._nursery is not None:
+        if self._settings.sends_session_hints and self._nursery is not None:
             self._nursery.start_soon(self._close_remote_session, worker.url, session_id)
 
     async def _close_remote_session(self, url: str, session_id: str) -> None:
@@ -317,7 +319,7 @@ class WorkerPool:
         """Server shutdown, with --kv-sessions hint: close every session's
         worker-side session now, concurrently and within the health timeout
         (best effort: what is left stays referenced until the worker evicts it)."""
-        if not self._settings.session_hints:
+        if not self._settings.sends_session_hints:
             return
         pinned = [(s.worker, s.id) for s in sessions if s.worker is not None]
         if not pinned:
@@ -336,10 +338,9 @@ class WorkerPool:
         """With --kv-sessions hint, warn (once per worker) when the worker
         does not say it runs --enable-session-radix-cache: without it SGLang
         ignores the hints, and nothing else would tell the operator."""
-        key = (worker.url, "hint_support")
-        if not self._settings.session_hints or key in self._control_logged:
+        if not self._settings.sends_session_hints or worker.url in self._hints_asked:
             return
-        self._control_logged.add(key)
+        self._hints_asked.add(worker.url)
         if self._nursery is not None:
             self._nursery.start_soon(self._read_hint_support, worker)
 
