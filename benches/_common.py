@@ -60,7 +60,7 @@ FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "st
 
 @functools.cache
 def _chat_tokenizer() -> Any:
-    from rollout_session.tokenization import load_tokenizer
+    from rollout_session.prompt.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer_path())
 

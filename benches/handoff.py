@@ -9,7 +9,7 @@ holds two 120 KB arrays), three ways:
   trio-parallel's pipe (what the server did first);
 - ``file in``: the answer through a tmpfs hand-off file, the result through
   the pipe (the server before its results came back out of band);
-- ``file in+out``: `rollout_session.handoff.Handoff.run_sync`, what the
+- ``file in+out``: `rollout_session.turn.handoff.Handoff.run_sync`, what the
   server does now: the result's arrays come back through the same file.
 
 Every mode pays the same decode; the differences are the transfers. Reports
@@ -33,8 +33,8 @@ import trio
 import trio_parallel
 from _common import proc_stats, table
 
-from rollout_session.handoff import Handoff
-from rollout_session.validation import AnswerCheck, check_answer
+from rollout_session.engines.answer import AnswerCheck, check_answer
+from rollout_session.turn.handoff import Handoff
 
 VOCAB = 129_280
 MODES = ("pipe", "file in", "file in+out")

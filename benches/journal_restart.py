@@ -62,9 +62,9 @@ def build(directory: str, sessions: int, turns: int, prompt: int, sampled: int, 
     import numpy as np
     import trio
 
-    from rollout_session.journal import Journal
-    from rollout_session.sessions import Session
-    from rollout_session.trajectory import Turn
+    from rollout_session.session.journal.writer import Journal
+    from rollout_session.session.session import Session
+    from rollout_session.session.trajectory import Turn
 
     words = ("alpha", "beta", "gamma", "delta", "epsilon", "theta", "lambda", "sigma")
     text = " ".join(words[i % len(words)] for i in range(chars // 6 + 1))[:chars]
@@ -125,7 +125,7 @@ def build(directory: str, sessions: int, turns: int, prompt: int, sampled: int, 
 def restart(directory: str, compact: bool) -> None:
     import trio
 
-    from rollout_session.journal import Journal
+    from rollout_session.session.journal.writer import Journal
 
     async def main() -> dict[str, Any]:
         wall, cpu = time.perf_counter(), time.process_time()

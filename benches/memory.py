@@ -50,13 +50,13 @@ from _common import (
 from tito_cost import TOOLS, tool_result, upstream_payload
 
 from rollout_session import Settings
-from rollout_session.protocol import parse_chat_request
-from rollout_session.sessions import SessionRegistry
-from rollout_session.tokenization import ChatTokenizer, load_tokenizer
-from rollout_session.turn_commit import commit_turn
-from rollout_session.turns import TurnPolicy, plan_turn
-from rollout_session.upstream import UpstreamReply
-from rollout_session.validation import parse_worker_answer
+from rollout_session.engines.answer import parse_worker_answer
+from rollout_session.engines.upstream import UpstreamReply
+from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
+from rollout_session.session.commit import commit_turn
+from rollout_session.session.session import SessionRegistry
+from rollout_session.turn.request import parse_chat_request
+from rollout_session.turn.runner import TurnPolicy, plan_turn
 
 
 def trim() -> None:

@@ -4,7 +4,7 @@ A minimal trio + hypercorn + httpx proxy with no parsing at all: every POST is
 forwarded with its body unchanged to the same path on ``--upstream``, and the
 upstream's status, content type and bytes come back. ``GET /health`` is
 answered locally (a small JSON object, like the session server's). It uses the
-package's own hypercorn settings (`rollout_session.serving.start_server`) and
+package's own hypercorn settings (`rollout_session.http.serving.start_server`) and
 the same per-worker httpx pool size as the server's default, so the only
 difference left to the session server is the server's own work.
 
@@ -25,7 +25,7 @@ import orjson
 import trio
 from _common import read_body, serve_lifespan
 
-from rollout_session.serving import start_server
+from rollout_session.http.serving import start_server
 
 _HEALTH = orjson.dumps({"status": "ok"})
 

@@ -35,7 +35,7 @@ import orjson
 import trio
 from _common import read_body, serve_lifespan
 
-from rollout_session.serving import start_server
+from rollout_session.http.serving import start_server
 
 _PROMPT_TOKENS = b"987654321987"
 _ROUTED = b"@@routed-experts@@"

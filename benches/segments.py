@@ -50,16 +50,16 @@ from _common import WORDS, bench_parser, load_average, ms, table, tokenizer_path
 from tito_cost import tool_result
 
 from rollout_session import Settings
-from rollout_session.messages import Message
+from rollout_session.engines.answer import WorkerAnswer
+from rollout_session.engines.upstream import UpstreamReply
+from rollout_session.prompt.messages import Message
 from rollout_session.prompt.model_output import answer_ids
-from rollout_session.protocol import ChatRequest, parse_chat_request
-from rollout_session.segments import Divergence
-from rollout_session.sessions import Session, TurnSlot
-from rollout_session.tokenization import ChatTokenizer, load_tokenizer
-from rollout_session.turn_commit import CommitUndo, TurnPlan, commit_turn
-from rollout_session.turn_plan import TurnPolicy, plan_turn
-from rollout_session.upstream import UpstreamReply
-from rollout_session.validation import WorkerAnswer
+from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
+from rollout_session.session.commit import CommitUndo, TurnPlan, commit_turn
+from rollout_session.session.segments import Divergence
+from rollout_session.session.session import Session, TurnSlot
+from rollout_session.turn.plan import TurnPolicy, plan_turn
+from rollout_session.turn.request import ChatRequest, parse_chat_request
 
 REPLY = UpstreamReply(200, [], b"", "http://worker", 0.0)
 SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent. " * 20}

@@ -76,7 +76,7 @@ from _common import (
     write_json,
 )
 
-from rollout_session.tokenization import ChatTokenizer, load_tokenizer
+from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
 
 _FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
 MODES = ("direct-ids", "raw-ids", "server")

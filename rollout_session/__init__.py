@@ -5,7 +5,7 @@ session's exact token trajectory, pins its turns to one SGLang worker, and
 hands the trainer a training-ready document.
 
 The public names are imported on first use: validation worker processes
-import ``rollout_session.validation`` only, and must not pay for the web stack
+import ``rollout_session.engines.answer`` only, and must not pay for the web stack
 (Quart, transformers: ~0.9 s and ~100 MB per process).
 """
 
@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from .app import create_app
     from .config import Settings
     from .errors import RolloutSessionError
-    from .export import SCHEMA_VERSION
-    from .sessions import SessionState
+    from .export.document import SCHEMA_VERSION
+    from .http.app import create_app
+    from .session.session import SessionState
 
 __all__ = ["SCHEMA_VERSION", "RolloutSessionError", "SessionState", "Settings", "create_app"]
 
 _HOME = {
-    "SCHEMA_VERSION": ".export",
+    "SCHEMA_VERSION": ".export.document",
     "RolloutSessionError": ".errors",
-    "SessionState": ".sessions",
+    "SessionState": ".session.session",
     "Settings": ".config",
-    "create_app": ".app",
+    "create_app": ".http.app",
 }
 
 __getattr__, __dir__ = lazy_attributes(__name__, _HOME, __all__)

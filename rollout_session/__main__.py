@@ -1,5 +1,5 @@
 """`python -m rollout_session` is `rollout-session`."""
 
-from .cli import main
+from .cli.main import main
 
 main()

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, KvMode, is_priority
-from .placement import PLACEMENTS
-from .segments import OnDivergence, PromptMode
-from .worker_urls import WorkerHosts, worker_url
+from .engines.kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, KvMode, is_priority
+from .engines.placement import PLACEMENTS
+from .engines.worker_urls import WorkerHosts, worker_url
+from .session.segments import OnDivergence, PromptMode
 
 __all__ = ["KNOWN_ROLES", "UPSTREAM_MODEL_AGENT", "UPSTREAM_MODEL_SERVED", "Settings"]
 

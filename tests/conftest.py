@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, settings
 from transformers import AutoTokenizer
 
 from rollout_session import Settings, create_app
-from rollout_session.app import server_context
-from rollout_session.context import ServerContext
-from rollout_session.serving import RunningServer, start_server
+from rollout_session.http.app import server_context
+from rollout_session.http.context import ServerContext
+from rollout_session.http.serving import RunningServer, start_server
+from rollout_session.prompt.tokenizer import ChatTokenizer
 from rollout_session.testing import (
     Emulator,
     EmulatorConfig,
@@ -29,7 +30,6 @@ from rollout_session.testing import (
     bundled_tokenizer_path,
     start_emulator,
 )
-from rollout_session.tokenization import ChatTokenizer
 
 # Property-test budgets: "ci" (the suite's) and "long" (`scripts/fuzz`). Here,
 # not in a test module: `--hypothesis-profile` is applied when pytest is

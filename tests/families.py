@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
 from rollout_session.testing import FamilyTokens, family_tokenizer_path
-from rollout_session.tokenization import ChatTokenizer, load_tokenizer
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 _FACTS: dict[str, Any] = json.loads((TEMPLATES / "families.json").read_text("utf-8"))["families"]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout_session import journal as journal_module
-from rollout_session import journal_compaction
-from rollout_session import journal_format as fmt
+from rollout_session.session.journal import compaction as journal_compaction
+from rollout_session.session.journal import format as fmt
+from rollout_session.session.journal import writer as journal_module
 
 
 class TinyDisk:

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import InvalidRequest, RolloutSessionError, TemplateCannotExtend
-from ..messages import Message
-from ..tokenization import ChatTokenizer
 from .junction import Junction, continuation, shared_prefix
+from .messages import Message
 from .model_output import CallIds, answer_ids
+from .tokenizer import ChatTokenizer
 
 __all__ = [
     "Case",

@@ -16,11 +16,11 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from ..messages import Message
 from .junction import shared_prefix
+from .messages import Message
 
 if TYPE_CHECKING:
-    from ..tokenization import ChatTokenizer
+    from .tokenizer import ChatTokenizer
 
 __all__ = ["CallIds", "answer_ids"]
 

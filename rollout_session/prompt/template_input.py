@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..messages import Message
+from .messages import Message
 
 __all__ = ["ArgumentStyle", "probe_argument_style", "template_messages"]
 

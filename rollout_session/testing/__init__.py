@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_attributes
+from rollout_session._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from .emulator import ChatRecord, Emulator
-    from .emulator_app import create_emulator_app, start_emulator
-    from .emulator_config import EmulatorConfig
-    from .faults import FAULT_HEADER, FAULTS
-    from .generation import TextModel
-    from .tokenizer import (
+    from rollout_session.testing.emulator import ChatRecord, Emulator
+    from rollout_session.testing.emulator_app import create_emulator_app, start_emulator
+    from rollout_session.testing.emulator_config import EmulatorConfig
+    from rollout_session.testing.faults import FAULT_HEADER, FAULTS
+    from rollout_session.testing.generation import TextModel
+    from rollout_session.testing.tokenizer import (
         BUILTIN_TEMPLATES,
         FamilyTokens,
         builtin_template,

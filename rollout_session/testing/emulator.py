@@ -25,7 +25,8 @@ import trio
 from transformers import AutoTokenizer
 
 from rollout_session.errors import InvalidRequest
-from rollout_session.messages import normalize_messages
+from rollout_session.prompt.messages import normalize_messages
+from rollout_session.prompt.tokenizer import ChatTokenizer, generation_stop_ids
 from rollout_session.testing.emulator_config import EmulatorConfig
 from rollout_session.testing.faults import (
     EARLY_FAULTS,
@@ -49,7 +50,6 @@ from rollout_session.testing.gpu import GpuModel
 from rollout_session.testing.kv_sessions import SessionError, SessionTable, SessionTurn
 from rollout_session.testing.prefix_cache import PrefixCache
 from rollout_session.testing.sglang_answer import chat_response, routed_experts_blob
-from rollout_session.tokenization import ChatTokenizer, generation_stop_ids
 
 __all__ = ["ChatRecord", "Emulator", "EmulatorConfig"]
 

@@ -18,7 +18,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from rollout_session.serving import RunningServer, start_server
+from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.faults import FAULT_HEADER, BodyFaultMiddleware, Reply
 from rollout_session.testing.generation import TextModel

@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     """The config the flags describe; raises ValueError for invalid values."""
-    from rollout_session.tokenization import read_chat_template
+    from rollout_session.prompt.tokenizer import read_chat_template
 
     template = read_chat_template(args.chat_template) if args.chat_template else None
     extra = {} if args.tokenizer is None else {"tokenizer_path": args.tokenizer}

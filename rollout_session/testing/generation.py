@@ -28,9 +28,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..messages import Message
-from ..prompt.model_output import CallIds, answer_ids
-from ..tokenization import ChatTokenizer
+from rollout_session.prompt.messages import Message
+from rollout_session.prompt.model_output import CallIds, answer_ids
+from rollout_session.prompt.tokenizer import ChatTokenizer
 
 __all__ = [
     "WORDS",

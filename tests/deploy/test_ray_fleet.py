@@ -1,4 +1,4 @@
-"""`rollout_session.ray.start_fleet` on a local Ray cluster (loopback): a
+"""`rollout_session.fleet.ray.start_fleet` on a local Ray cluster (loopback): a
 2-actor demo fleet, 20 sessions through its client, a clean shutdown.
 
 Run by scripts/test-ray (Ray takes seconds to start: not in the default suite).
@@ -18,9 +18,8 @@ import trio
 ray = pytest.importorskip("ray")
 
 from rollout_session.client import rendezvous_owner  # noqa: E402
-from rollout_session.ray import start_fleet  # noqa: E402
-
-from ..conftest import agent_turn  # noqa: E402
+from rollout_session.fleet.ray import start_fleet  # noqa: E402
+from tests.conftest import agent_turn  # noqa: E402
 
 
 def _descendants(root: int) -> set[int]:

@@ -56,7 +56,7 @@ def _serve_command() -> list[str]:
     script = Path(sys.executable).parent / "rollout-session"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from rollout_session.cli import main; main()"]
+    return [sys.executable, "-c", "from rollout_session.cli.main import main; main()"]
 
 
 @dataclass

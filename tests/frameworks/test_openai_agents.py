@@ -35,14 +35,7 @@ from agents import (
 from agents.memory import SessionSettings
 from agents.run_config import CallModelData, ModelInputData
 
-from tests.frameworks.harness import (
-    DemoServer,
-    Episode,
-    Recorder,
-    check_episode,
-    demo_server,
-    dump,
-)
+from tests.frameworks.harness import DemoServer, Episode, Recorder, check_episode, demo_server, dump
 
 MODEL = "rollout-session/emulator"
 

@@ -26,14 +26,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.tools import ToolDefinition
 
-from tests.frameworks.harness import (
-    DemoServer,
-    Episode,
-    Recorder,
-    check_episode,
-    demo_server,
-    dump,
-)
+from tests.frameworks.harness import DemoServer, Episode, Recorder, check_episode, demo_server, dump
 
 MODEL = "rollout-session/emulator"
 

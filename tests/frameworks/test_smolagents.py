@@ -19,14 +19,7 @@ import httpx2
 import pytest
 from smolagents import OpenAIServerModel, Tool, ToolCallingAgent
 
-from tests.frameworks.harness import (
-    DemoServer,
-    Episode,
-    Recorder,
-    check_episode,
-    demo_server,
-    dump,
-)
+from tests.frameworks.harness import DemoServer, Episode, Recorder, check_episode, demo_server, dump
 
 
 @pytest.fixture(scope="module")

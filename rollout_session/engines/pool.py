@@ -1,0 +1,677 @@
+"""The worker pool: membership, admission, health, circuit breaking, sticky
+dispatch, failover (docs/reliability.md#workers).
+
+Each worker has its own `WorkerClient` (keep-alive connections, at most
+``upstream_max_connections`` in flight). Health probes use one separate small
+httpx client, so a saturated traffic pool never makes a live worker look dead.
+
+A worker takes pins only while it is healthy, its circuit closed and it is
+not draining. Two independent judgements, each with its own state:
+
+- **Health** (`Health`), from probes every ``health_interval_s``. A worker
+  joins (configured or ``POST /workers``) as ``JOINING`` and is admitted
+  once it passes an admission check: ``GET /health`` answers 200 and
+  ``/get_model_info`` + ``/v1/models`` answer as SGLang does for a
+  generation model that lists the served model (the one learned from the
+  first worker, in pool order, that passed). A healthy worker is probed with
+  ``GET /health``: ``unhealthy_after`` failures in a row make it unhealthy;
+  ``healthy_after`` admission checks in a row bring it back (a worker
+  restarted with another model never comes back).
+- **Circuit** (`Circuit`), from real traffic. ``circuit_failures`` failed
+  turns in a row — transport errors, 5xx answers, answers over
+  ``--max-answer-mb``, and answers that fail validation (the turn path calls
+  `report_failure`) — open it. After ``circuit_open_s`` it is half-open:
+  the pool itself sends one-token chat probes (agents' turns never test a
+  worker) until ``circuit_successes`` in a row close it or one failure
+  reopens it. Timeouts and 4xx answers count neither way: a long generation
+  is not a dead worker, and a 4xx is the request's fault.
+
+Failover: a session pinned to a worker that cannot take pins is re-pinned on
+its next turn (every turn carries the full ``input_ids``, so only the cache
+is cold). A connect error — nothing reached the worker — is retried once on
+another eligible worker; anything after sending is not retried.
+
+All bookkeeping (pins, counters, states) is synchronous code on the event
+loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import trio
+
+from ..config import Settings
+from ..errors import (
+    InvalidRequest,
+    NoHealthyWorker,
+    UpstreamError,
+    UpstreamMalformed,
+    UpstreamTimeout,
+    WorkerExists,
+    WorkerNotFound,
+)
+from ..session.session import Session
+from .answer import parse_worker_answer
+from .placement import make_placement
+from .upstream import (
+    PROBE_SESSION,
+    ModelInfo,
+    NotSent,
+    UpstreamReply,
+    WorkerClient,
+    chat_probe_body,
+    fetch_model_info,
+    post_chat,
+)
+from .worker_urls import parse_worker_url, worker_url
+
+__all__ = ["Circuit", "Health", "Worker", "WorkerPool"]
+
+logger = logging.getLogger("rollout_session")
+
+# The chat probe's answer is checked like a turn's, but the pool does not
+# know the vocabulary: any non-negative id passes.
+_ANY_VOCAB = 2**31 - 1
+
+
+class Health(enum.Enum):
+    # Added, never admitted: no pins until one admission check passes.
+    JOINING = "joining"
+    # Admitted, and its /health probes pass.
+    HEALTHY = "healthy"
+    # `unhealthy_after` /health probes failed in a row: no pins until
+    # `healthy_after` admission checks in a row pass.
+    UNHEALTHY = "unhealthy"
+
+
+class Circuit(enum.Enum):
+    # Turns flow; `circuit_failures` failed turns in a row open it.
+    CLOSED = "closed"
+    # No pins; half-open after `circuit_open_s`.
+    OPEN = "open"
+    # No pins; chat probes test the worker: `circuit_successes` in a row
+    # close it, one failure reopens it.
+    HALF_OPEN = "half_open"
+
+
+@dataclass(eq=False)
+class Worker:
+    url: str
+    client: WorkerClient
+    health: Health = Health.JOINING
+    circuit: Circuit = Circuit.CLOSED
+    # Draining: no new pins; removed once `inflight` reaches 0.
+    draining: bool = False
+    active_sessions: int = 0  # sessions pinned here
+    inflight: int = 0
+    # Probes (health and admission checks) in a row.
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    # Failed turns in a row while closed; chat probes passed while half-open.
+    circuit_failures: int = 0
+    circuit_successes: int = 0
+    circuit_opened_at: float = 0.0  # trio.current_time()
+    chat_probing: bool = False
+    # The served model, once an admission check saw it listed.
+    model: str | None = None
+    # --kv-sessions hint: whether its /server_info says it honours session
+    # ids (--enable-session-radix-cache); None = not asked (yet).
+    session_hints: bool | None = None
+    # Why the last probe or turn failed (operators only: it names the worker).
+    last_error: str | None = None
+    last_checked_at: float | None = None
+    # Failed best-effort calls (POST /close_session), by call. Logged at the
+    # first only, however often it fails (a gateway without the route fails
+    # every one).
+    control_failures: Counter[str] = field(default_factory=Counter)
+    idle: trio.Event = field(default_factory=trio.Event)
+    # Set once a drain removed it (None: no drain begun).
+    removed: trio.Event | None = None
+
+    @property
+    def healthy(self) -> bool:
+        """It may take pins (unless draining)."""
+        return self.health is Health.HEALTHY and self.circuit is Circuit.CLOSED
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "state": self.health.value,
+            "circuit": self.circuit.value,
+            "draining": self.draining,
+            "model": self.model,
+            "session_hints": self.session_hints,
+            "active_sessions": self.active_sessions,
+            "inflight": self.inflight,
+            "consecutive_failures": self.consecutive_failures,
+            "circuit_failures": self.circuit_failures,
+            "last_error": self.last_error,
+            "last_checked_at": self.last_checked_at,
+            "control_failures": dict(self.control_failures),
+        }
+
+
+class WorkerPool:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._placement = make_placement(settings.placement)
+        self._allowed_hosts = settings.allowed_worker_hosts
+        self.workers: dict[str, Worker] = {}
+        # The served model: learned from the first worker that passed an
+        # admission check; every worker must list it.
+        self.served: ModelInfo | None = None
+        # trust_env=False: probes reach a worker the way its traffic does
+        # (`WorkerClient` never reads HTTP(S)_PROXY), so a proxy in the
+        # environment cannot make a worker look dead, or alive, to one only.
+        self._probe_client = httpx.AsyncClient(
+            trust_env=False,
+            timeout=settings.health_timeout_s,
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
+        )
+        self._nursery: trio.Nursery | None = None
+        # Best-effort control calls that failed, per call (logged once per worker).
+        self.control_failures: Counter[str] = Counter()
+        self._control_logged: set[tuple[str, str]] = set()
+        # Workers whose /server_info was read for --kv-sessions hint (once each).
+        self._hints_asked: set[str] = set()
+        self._first_round = trio.Event()
+        self._changed = trio.Event()
+
+    # -- membership ------------------------------------------------------------
+
+    def add(self, url: str) -> Worker:
+        """A new worker, `JOINING`: checked at once, used once admitted."""
+        try:
+            url = worker_url(url, self._allowed_hosts)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="url") from None
+        if url in self.workers:
+            raise WorkerExists(f"worker {url} is already in the pool")
+        settings = self._settings
+        client = WorkerClient(
+            url,
+            max_connections=settings.upstream_max_connections,
+            timeout_s=settings.upstream_timeout_s,
+            connect_timeout_s=settings.connect_timeout_s,
+        )
+        worker = self.workers[url] = Worker(url=url, client=client)
+        if self._nursery is not None and self.served is not None:
+            # Before start-up learned the model, the first round admits it.
+            self._nursery.start_soon(self._admit_one, worker)
+        self._notify()
+        return worker
+
+    def get(self, url: str) -> Worker:
+        try:
+            key = parse_worker_url(url).url
+        except ValueError:
+            key = url.rstrip("/")
+        worker = self.workers.get(key)
+        if worker is None:
+            raise WorkerNotFound(f"worker {url} is not in the pool")
+        return worker
+
+    async def remove(self, url: str) -> Worker:
+        """Drain (no new pins, in-flight turns finish), then forget the worker.
+
+        The drain runs in the pool, not in the caller: once begun it completes
+        even if the caller goes away (a DELETE whose client gave up). A second
+        call waits for the same drain."""
+        worker = self.get(url)
+        if worker.removed is None:
+            worker.draining = True
+            worker.removed = trio.Event()
+            self._notify()
+            if self._nursery is not None:
+                self._nursery.start_soon(self._drain, worker)
+            else:
+                with trio.CancelScope(shield=True):
+                    await self._drain(worker)
+        await worker.removed.wait()
+        return worker
+
+    async def _drain(self, worker: Worker) -> None:
+        while worker.inflight:
+            await worker.idle.wait()
+        if self.workers.get(worker.url) is worker:
+            del self.workers[worker.url]
+        await worker.client.aclose()
+        assert worker.removed is not None
+        worker.removed.set()
+        self._notify()
+
+    def counts(self) -> tuple[int, int]:
+        return sum(w.healthy for w in self.workers.values()), len(self.workers)
+
+    def _eligible(self, exclude: str | None = None) -> list[Worker]:
+        return [
+            w for w in self.workers.values() if w.healthy and not w.draining and w.url != exclude
+        ]
+
+    # -- dispatch ----------------------------------------------------------------
+
+    def _pin(self, session: Session, exclude: str | None = None) -> Worker:
+        candidates = self._eligible(exclude)
+        if not candidates:
+            retry = max(1, math.ceil(self._settings.health_interval_s))
+            raise NoHealthyWorker("no healthy worker is available", retry_after_s=retry)
+        chosen = self._placement.choose(session.id, session.worker, candidates)
+        assert isinstance(chosen, Worker)
+        if chosen.url != session.worker:
+            previous = self.workers.get(session.worker) if session.worker else None
+            if previous is not None:
+                previous.active_sessions -= 1
+                # Its KV there is dead weight now: the next turn prefills here.
+                self._close_remote(previous, session.id)
+            chosen.active_sessions += 1
+            session.worker = chosen.url
+        return chosen
+
+    def adopt(self, session: Session) -> None:
+        """Count a session restored with its pin (journal replay)."""
+        worker = self.workers.get(session.worker) if session.worker else None
+        if worker is not None:
+            worker.active_sessions += 1
+
+    def release_session(self, session: Session) -> None:
+        """The session is gone: unpin it and, if enabled, free its KV at once.
+        Idempotent: an expired session that is then collected is released once."""
+        worker = self.workers.get(session.worker) if session.worker else None
+        session.worker = None
+        if worker is None:
+            return
+        worker.active_sessions -= 1
+        self._close_remote(worker, session.id)
+
+    def _close_remote(self, worker: Worker, session_id: str) -> None:
+        """With --kv-sessions hint, drop the session's reference to its KV on
+        `worker` now (in the background), so SGLang may evict it first."""
+        if self._settings.sends_session_hints and self._nursery is not None:
+            self._nursery.start_soon(self._close_remote_session, worker.url, session_id)
+
+    async def _close_remote_session(self, url: str, session_id: str) -> None:
+        # Best effort, in the background: a dead worker must not delay a DELETE
+        # or a turn. The answer's body is never read.
+        call = "POST /close_session"
+        try:
+            async with self._probe_client.stream(
+                "POST", f"{url}/close_session", json={"session_id": session_id}
+            ) as response:
+                status = response.status_code
+        except httpx.HTTPError as exc:
+            self._control_failed(url, call, f"{type(exc).__name__}: {exc}")
+            return
+        if not 200 <= status < 300:
+            self._control_failed(url, call, f"answered {status}")
+
+    async def close_remote_sessions(self, sessions: Iterable[Session]) -> None:
+        """Server shutdown, with --kv-sessions hint: close every session's
+        worker-side session now, concurrently and within the health timeout
+        (best effort: what is left stays referenced until the worker evicts it)."""
+        if not self._settings.sends_session_hints:
+            return
+        pinned = [(s.worker, s.id) for s in sessions if s.worker is not None]
+        if not pinned:
+            return
+        with trio.move_on_after(self._settings.health_timeout_s) as scope:
+            scope.shield = True
+            async with trio.open_nursery() as nursery:
+                for url, session_id in pinned:
+                    nursery.start_soon(self._close_remote_session, url, session_id)
+        if scope.cancelled_caught:
+            logger.warning("shutdown: not every one of %d worker sessions closed", len(pinned))
+        else:
+            logger.info("shutdown: closed %d worker sessions", len(pinned))
+
+    def _check_hint_support(self, worker: Worker) -> None:
+        """With --kv-sessions hint, warn (once per worker) when the worker
+        does not say it runs --enable-session-radix-cache: without it SGLang
+        ignores the hints, and nothing else would tell the operator."""
+        if not self._settings.sends_session_hints or worker.url in self._hints_asked:
+            return
+        self._hints_asked.add(worker.url)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._read_hint_support, worker)
+
+    async def _read_hint_support(self, worker: Worker) -> None:
+        url = worker.url
+        try:
+            response = await self._probe_client.get(f"{url}/server_info")
+            enabled = response.status_code == 200 and (
+                response.json().get("enable_session_radix_cache") is True
+            )
+        except (httpx.HTTPError, ValueError, AttributeError):
+            enabled = False
+        worker.session_hints = enabled
+        self._notify()
+        if not enabled:
+            logger.warning(
+                "--kv-sessions hint: worker %s does not report enable_session_radix_cache "
+                "in /server_info; SGLang ignores session ids unless it runs with "
+                "--enable-session-radix-cache (docs/kv-sessions.md)",
+                url,
+            )
+
+    def _control_failed(self, url: str, call: str, detail: str) -> None:
+        """A best-effort call to a worker failed: ignored, but never silently.
+        Counted (per worker in `GET /workers`, in total in
+        rollout_control_failures_total) and logged once per worker and call:
+        a dead worker would otherwise log once per session."""
+        self.control_failures[call] += 1
+        worker = self.workers.get(url)
+        if worker is not None:
+            worker.control_failures[call] += 1
+        self._notify()
+        if (url, call) in self._control_logged:
+            return
+        self._control_logged.add((url, call))
+        logger.warning(
+            "worker %s: %s failed (%s); ignored (best effort), and further failures of "
+            "it on this worker are only counted. Behind a gateway without the route "
+            "(smg), --kv-sessions hint releases no KV: SGLang evicts it itself",
+            url,
+            call,
+            detail,
+        )
+
+    async def _send(self, worker: Worker, session_id: str, payload: bytes) -> UpstreamReply:
+        settings = self._settings
+        worker.inflight += 1
+        try:
+            reply = await post_chat(
+                worker.client,
+                session_id,
+                payload,
+                settings.upstream_timeout_s,
+                settings.max_answer_bytes,
+            )
+        except (NotSent, UpstreamError, UpstreamMalformed) as exc:
+            # UpstreamTimeout is not caught here: slowness is not death.
+            self._turn_failed(worker, str(exc))
+            raise
+        finally:
+            worker.inflight -= 1
+            if worker.inflight == 0:
+                worker.idle.set()
+                worker.idle = trio.Event()
+        if reply.status >= 500:
+            logger.info("worker %s answered a turn with %d", worker.url, reply.status)
+            self._turn_failed(worker, f"answered a turn with {reply.status}")
+        # A 200 counts once validated: the turn path reports it.
+        return reply
+
+    async def chat(self, session: Session, payload: bytes) -> UpstreamReply:
+        """Send a turn to the session's worker (pinning or re-pinning it).
+
+        A 200 is neither a success nor a failure of the worker until the
+        turn path has validated it: it then calls `report_success` or
+        `report_failure` with ``reply.worker``."""
+        worker = self._pin(session)
+        try:
+            return await self._send(worker, session.id, payload)
+        except NotSent as first:
+            # Nothing reached that worker: one retry elsewhere is safe.
+            try:
+                retry = self._pin(session, exclude=worker.url)
+            except NoHealthyWorker:
+                raise UpstreamError(str(first)) from None
+            try:
+                return await self._send(retry, session.id, payload)
+            except NotSent as second:
+                raise UpstreamError(str(second)) from None
+
+    # -- circuit breaker ---------------------------------------------------------
+
+    def report_success(self, url: str) -> None:
+        """The worker at `url` answered a turn with a valid 200."""
+        worker = self.workers.get(url)
+        if worker is not None and worker.circuit is Circuit.CLOSED:
+            worker.circuit_failures = 0
+
+    def report_failure(self, url: str, reason: str) -> None:
+        """The worker at `url` answered a turn with a 200 that failed
+        validation (`reason`: what failed)."""
+        worker = self.workers.get(url)
+        if worker is not None:
+            self._turn_failed(worker, reason)
+
+    def _turn_failed(self, worker: Worker, reason: str) -> None:
+        worker.last_error = f"turn: {reason}"
+        if worker.circuit is not Circuit.CLOSED:
+            return  # a turn sent before the circuit opened
+        worker.circuit_failures += 1
+        if worker.circuit_failures >= self._settings.circuit_failures:
+            self._open_circuit(worker)
+
+    def _open_circuit(self, worker: Worker) -> None:
+        worker.circuit = Circuit.OPEN
+        worker.circuit_opened_at = trio.current_time()
+        worker.circuit_successes = 0
+        logger.warning(
+            "worker %s: circuit open (%s); no new turns for %g s",
+            worker.url,
+            worker.last_error,
+            self._settings.circuit_open_s,
+        )
+        self._notify()
+
+    def _test_circuit(self, worker: Worker) -> None:
+        """Open long enough → half-open; half-open → one chat probe at a time."""
+        if (
+            worker.circuit is Circuit.OPEN
+            and trio.current_time() - worker.circuit_opened_at >= self._settings.circuit_open_s
+        ):
+            worker.circuit = Circuit.HALF_OPEN
+            worker.circuit_successes = 0
+            logger.info("worker %s: circuit half-open; probing its chat route", worker.url)
+            self._notify()
+        if (
+            worker.circuit is Circuit.HALF_OPEN
+            and worker.health is Health.HEALTHY
+            and not worker.chat_probing
+            and self.served is not None
+            and self._nursery is not None
+        ):
+            worker.chat_probing = True
+            model = self._settings.fixed_upstream_model or self.served.model
+            self._nursery.start_soon(self._probe_chat, worker, model)
+
+    async def _probe_chat(self, worker: Worker, model: str) -> None:
+        settings = self._settings
+        reason: str | None = None
+        try:
+            reply = await post_chat(
+                worker.client,
+                PROBE_SESSION,
+                chat_probe_body(model),
+                settings.upstream_timeout_s,
+                settings.max_answer_bytes,
+            )
+            if reply.status != 200:
+                reason = f"chat probe answered {reply.status}"
+            else:
+                parse_worker_answer(reply.body, sent_prompt_tokens=1, vocab_size=_ANY_VOCAB)
+        except (NotSent, UpstreamError, UpstreamMalformed, UpstreamTimeout) as exc:
+            reason = f"chat probe: {exc}"
+        finally:
+            worker.chat_probing = False
+        if self.workers.get(worker.url) is not worker or worker.circuit is not Circuit.HALF_OPEN:
+            return
+        if reason is not None:
+            worker.last_error = reason
+            self._open_circuit(worker)
+            return
+        worker.circuit_successes += 1
+        if worker.circuit_successes >= settings.circuit_successes:
+            worker.circuit = Circuit.CLOSED
+            worker.circuit_failures = 0
+            logger.info("worker %s: circuit closed; it takes turns again", worker.url)
+        self._notify()
+
+    # -- health ----------------------------------------------------------------
+
+    def _record(self, worker: Worker, *, ok: bool, reason: str | None = None) -> None:
+        """One probe's outcome: a /health probe of a healthy worker, or an
+        admission check of any other."""
+        settings = self._settings
+        if ok:
+            worker.consecutive_successes += 1
+            worker.consecutive_failures = 0
+            if worker.health is Health.JOINING or (
+                worker.health is Health.UNHEALTHY
+                and worker.consecutive_successes >= settings.healthy_after
+            ):
+                joined = worker.health is Health.JOINING
+                worker.health = Health.HEALTHY
+                logger.info(
+                    "worker %s %s (serves %s)",
+                    worker.url,
+                    "admitted" if joined else "is healthy again",
+                    worker.model,
+                )
+        else:
+            worker.consecutive_failures += 1
+            worker.consecutive_successes = 0
+            if reason != worker.last_error:
+                logger.warning("worker %s: %s", worker.url, reason)
+            worker.last_error = reason
+            if (
+                worker.health is Health.HEALTHY
+                and worker.consecutive_failures >= settings.unhealthy_after
+            ):
+                worker.health = Health.UNHEALTHY
+                logger.warning("worker %s marked unhealthy", worker.url)
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Return once `predicate()` holds, re-checked after every change of
+        the pool (probe, state, membership) — for operators' tools and tests,
+        which must not poll."""
+        while not predicate():
+            await self._changed.wait()
+
+    async def wait_for_health(self, url: str, healthy: bool) -> None:
+        """Return once the worker at `url` can (or cannot) take pins."""
+        await self.wait_until(lambda: self.get(url).healthy is healthy)
+
+    async def _health_failure(self, worker: Worker) -> str | None:
+        """Why `GET /health` failed (logged when it changes: `_record`), None
+        when it answered 200."""
+        timeout = self._settings.health_timeout_s
+        try:
+            with trio.fail_after(timeout):
+                # The status is the answer; a body is never read.
+                async with self._probe_client.stream("GET", f"{worker.url}/health") as response:
+                    status = response.status_code
+        except trio.TooSlowError:
+            return f"GET /health: no answer within {timeout:g} s"
+        except httpx.HTTPError as exc:
+            return f"GET /health: {type(exc).__name__}: {exc}"
+        return None if status == 200 else f"GET /health answered {status}"
+
+    async def _probe(self, worker: Worker) -> None:
+        reason = await self._health_failure(worker)
+        worker.last_checked_at = self._clock()
+        if self.workers.get(worker.url) is worker:
+            self._record(worker, ok=reason is None, reason=reason)
+
+    async def _check(self, worker: Worker, found: dict[Worker, ModelInfo | str]) -> None:
+        """An admission check: /health, then what the worker serves (into
+        `found`: its model card, or why it is not an SGLang worker)."""
+        settings = self._settings
+        failure = await self._health_failure(worker)
+        if failure is not None:
+            found[worker] = failure
+        else:
+            # Two small GETs: a probe's budget each, plus connecting.
+            deadline = settings.connect_timeout_s + 2 * settings.health_timeout_s
+            try:
+                found[worker] = await fetch_model_info(worker.client, deadline)
+            except UpstreamError as exc:
+                found[worker] = str(exc)
+        worker.last_checked_at = self._clock()
+
+    def _admit(self, found: dict[Worker, ModelInfo | str]) -> None:
+        """Record admission checks: a worker passes if it lists the served
+        model (learned here, in pool order, when not yet known)."""
+        if self.served is None:
+            for worker in self.workers.values():
+                card = found.get(worker)
+                if isinstance(card, ModelInfo):
+                    self.served = card
+                    logger.info("serving model %s (as %s reports it)", card.model, worker.url)
+                    break
+        for worker, card in found.items():
+            if self.workers.get(worker.url) is not worker:
+                continue
+            if not isinstance(card, ModelInfo):
+                self._record(worker, ok=False, reason=card)
+            elif self.served is not None and self.served.model in card.models:
+                worker.model = self.served.model
+                self._record(worker, ok=True)
+                self._check_hint_support(worker)
+            else:
+                served = self.served.model if self.served else "?"
+                listed = ", ".join(card.models)
+                self._record(worker, ok=False, reason=f"serves {listed}, not {served}")
+
+    async def _admit_one(self, worker: Worker) -> None:
+        found: dict[Worker, ModelInfo | str] = {}
+        await self._check(worker, found)
+        self._admit(found)
+
+    async def _round(self) -> None:
+        found: dict[Worker, ModelInfo | str] = {}
+        async with trio.open_nursery() as probes:
+            for worker in list(self.workers.values()):
+                if worker.health is Health.HEALTHY:
+                    probes.start_soon(self._probe, worker)
+                else:
+                    probes.start_soon(self._check, worker, found)
+        self._admit(found)
+        for worker in list(self.workers.values()):
+            self._test_circuit(worker)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Health checks and background calls; runs until `aclose`."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await self._round()
+                self._first_round.set()
+                await trio.sleep(self._settings.health_interval_s)
+
+    async def aclose(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        for worker in list(self.workers.values()):
+            await worker.client.aclose()
+        await self._probe_client.aclose()
+
+    async def model_info(self) -> ModelInfo:
+        """The served model's card, once a worker passed an admission check
+        (after the first round of checks when the pool runs)."""
+        if self.served is None and self._nursery is not None:
+            await self._first_round.wait()
+        if self.served is None:
+            retry = max(1, math.ceil(self._settings.health_interval_s))
+            raise NoHealthyWorker(
+                "no worker has answered as an SGLang worker yet", retry_after_s=retry
+            )
+        return self.served

@@ -1,0 +1,242 @@
+"""What the trainer gets: the export document and its sample and steps views
+(docs/training.md#the-export-document-schema_version-2).
+
+`export_document` runs on the event loop and builds the token arrays afresh
+from the trajectory's chunks (a memcpy of ~4 bytes per token, plus the
+derived mask and logprobs) so the document is a consistent snapshot even if
+the session commits or rolls back a turn meanwhile; `serialize` may then run
+on a worker thread. Token arrays go to orjson as numpy arrays
+(``OPT_SERIALIZE_NUMPY``): no per-token Python objects on the way out.
+
+A session is a list of segments (segments.py); the document carries every
+one under ``segments``, and its v1 top-level fields (``token_ids`` …
+``messages``) are the last segment's, the same objects serialised twice.
+
+Optional parts (``?include=turns,messages,routed_experts``) let a trainer skip
+what it does not need; the default is the whole document.
+
+The sample view (``?format=sample``) is one sample per segment with the field
+names of slime/miles' ``Sample``: ``tokens`` (prompt + response),
+``response_length``, and ``loss_mask`` / ``rollout_log_probs`` over the
+response part only (tool results and other observations inside the response
+have mask 0), all sharing the session id as ``episode_id``. The steps view
+(``?format=steps``) is one record per turn for step-wise trainers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Literal
+
+import numpy as np
+import orjson
+import pybase64
+
+from ..errors import InvalidRequest
+from ..session.segments import Segment
+from ..session.session import Session
+from ..session.trajectory import IdArray, Turn
+
+__all__ = [
+    "DEFAULT_PARTS",
+    "OPTIONAL_PARTS",
+    "SCHEMA_VERSION",
+    "ExportStatus",
+    "export_document",
+    "parse_include",
+    "sample_view",
+    "serialize",
+    "steps_view",
+    "view_document",
+]
+
+SCHEMA_VERSION = 2
+ExportStatus = Literal["open", "closed", "expired"]
+VIEWS: Final = ("document", "sample", "steps")
+OPTIONAL_PARTS: Final = frozenset({"turns", "messages", "routed_experts", "pieces"})
+# Pieces (each token decoded) are for people inspecting, not for training.
+DEFAULT_PARTS: Final = OPTIONAL_PARTS - {"pieces"}
+
+# Sample.Status of slime/miles from the last turn's finish reason.
+_SAMPLE_STATUS: Final = {
+    "stop": "completed",
+    "tool_calls": "completed",
+    "length": "truncated",
+    "abort": "aborted",
+}
+
+
+def parse_include(raw: str | None) -> frozenset[str]:
+    if raw is None:
+        return DEFAULT_PARTS
+    parts = frozenset(p.strip() for p in raw.split(",") if p.strip())
+    unknown = parts - OPTIONAL_PARTS
+    if unknown:
+        raise InvalidRequest(
+            f"unknown include part(s) {sorted(unknown)}; known: {sorted(OPTIONAL_PARTS)}",
+            param="include",
+        )
+    return parts
+
+
+def view_document(
+    session: Session,
+    view: str,
+    status: ExportStatus,
+    include: Iterable[str] = DEFAULT_PARTS,
+    decode_pieces: Callable[[IdArray], list[str]] | None = None,
+) -> dict[str, Any]:
+    """The `?format=` view of a session: ``document``, ``sample`` or ``steps``."""
+    if view == "document":
+        return export_document(session, status, include, decode_pieces)
+    if view == "sample":
+        return sample_view(session, status)
+    if view == "steps":
+        return steps_view(session, status)
+    raise InvalidRequest(f"format must be one of {', '.join(VIEWS)}", param="format")
+
+
+def _turn_dict(t: Turn) -> dict[str, Any]:
+    return {
+        "index": t.index,
+        "prompt_start": t.prompt_start,
+        "completion_start": t.completion_start,
+        "completion_end": t.completion_end,
+        "finish_reason": t.finish_reason,
+        "worker": t.worker,
+        "weight_version": t.weight_version,
+        "cached_tokens": t.cached_tokens,
+        "upstream_latency_s": t.upstream_latency_s,
+        "created_at": t.created_at,
+    }
+
+
+def _segment_document(
+    segment: Segment,
+    index: int,
+    parts: frozenset[str],
+    decode_pieces: Callable[[IdArray], list[str]] | None,
+) -> dict[str, Any]:
+    trajectory = segment.trajectory
+    tokens = trajectory.tokens
+    turns = trajectory.turns
+    doc: dict[str, Any] = {
+        "index": index,
+        "branch": segment.branch.as_dict() if segment.branch is not None else None,
+        "token_ids": tokens.ids,
+        "loss_mask": tokens.mask,
+        "logprobs": tokens.logprobs,
+        "prompt_length": turns[0].completion_start if turns else len(tokens),
+    }
+    if "turns" in parts:
+        doc["turns"] = [_turn_dict(t) for t in turns]
+    if "messages" in parts:
+        # Decoded from the compact records here, on the loop: a snapshot.
+        doc["messages"] = segment.conversation.messages()
+    if "pieces" in parts and decode_pieces is not None:
+        doc["pieces"] = decode_pieces(doc["token_ids"])
+    if "routed_experts" in parts and trajectory.experts_width is not None:
+        width = trajectory.experts_width
+        doc["routed_experts"] = {
+            "dtype": "int32",
+            # [positions, values per position]; values = layers × top-k of the model.
+            "shape": [len(trajectory.experts) // (4 * width), width],
+            "data": pybase64.b64encode_as_string(trajectory.experts),
+        }
+    return doc
+
+
+def export_document(
+    session: Session,
+    status: ExportStatus,
+    include: Iterable[str] = DEFAULT_PARTS,
+    decode_pieces: Callable[[IdArray], list[str]] | None = None,
+) -> dict[str, Any]:
+    parts = frozenset(include)
+    segments = [
+        _segment_document(segment, i, parts, decode_pieces)
+        for i, segment in enumerate(session.segments())
+    ]
+    last = {k: v for k, v in segments[-1].items() if k not in ("index", "branch")}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": session.id,
+        "status": status,
+        "metadata": session.metadata,
+        "created_at": session.created_at,
+        "closed_at": session.closed_at,
+        "model": session.model,
+        # v1's fields: the last segment (every segment is under "segments").
+        **last,
+        "num_segments": len(segments),
+        "rollbacks": [r.as_dict() for r in session.rollbacks],
+        "segments": segments,
+    }
+
+
+def sample_view(session: Session, status: ExportStatus = "open") -> dict[str, Any]:
+    """One RL sample per segment (slime/miles field names), sharing the
+    session id as their episode id."""
+    samples = []
+    for index, segment in enumerate(session.segments()):
+        tokens = segment.trajectory.tokens
+        turns = segment.trajectory.turns
+        start = turns[0].completion_start if turns else len(tokens)
+        last = turns[-1].finish_reason if turns else None
+        samples.append(
+            {
+                "episode_id": session.id,
+                "segment": index,
+                "branch": segment.branch.as_dict() if segment.branch is not None else None,
+                "tokens": tokens.ids,
+                "response_length": len(tokens) - start,
+                "loss_mask": tokens.mask[start:],
+                "rollout_log_probs": tokens.logprobs[start:],
+                "status": _SAMPLE_STATUS.get(last or "", "pending" if not turns else "completed"),
+                "metadata": session.metadata,
+            }
+        )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": session.id,
+        "status": status,
+        "samples": samples,
+    }
+
+
+def steps_view(session: Session, status: ExportStatus = "open") -> dict[str, Any]:
+    """One record per turn, in the order they were taken, for step-wise
+    trainers (SkyRL, rLLM): the whole prompt the model saw and what it
+    sampled. ``is_last`` marks the session's last turn."""
+    steps: list[dict[str, Any]] = []
+    for index, segment in enumerate(session.segments()):
+        trajectory = segment.trajectory
+        tokens = trajectory.tokens
+        for turn in trajectory.turns:
+            sampled = turn.completion_end - turn.completion_start
+            steps.append(
+                {
+                    "step": len(steps),
+                    "segment": index,
+                    "turn": turn.index,
+                    "prompt_ids": tokens.prefix_ids(turn.completion_start),
+                    "response_ids": trajectory.sampled_ids(turn.index),
+                    "response_logprobs": trajectory.sampled_logprobs(turn.index),
+                    "response_mask": np.ones(sampled, np.uint8),
+                    "finish_reason": turn.finish_reason,
+                    "is_last": False,
+                }
+            )
+    if steps:
+        steps[-1]["is_last"] = True
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": session.id,
+        "status": status,
+        "metadata": session.metadata,
+        "steps": steps,
+    }
+
+
+def serialize(doc: dict[str, Any]) -> bytes:
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,0 +1,225 @@
+"""The Quart-Trio application: `create_app(settings)`.
+
+The app owns everything (session store, worker pool, tokenizer, turn runner)
+via one `ServerContext` stored in ``app.extensions["rollout_session"]``.
+Every request meets the HTTP edge first (`http_edge.HttpEdge`, wrapped around
+Quart's ASGI callable): the API key, the body, unknown routes and methods,
+the fast chat route. Quart's one error handler renders what its handlers
+raise with the edge's `error_response`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from hypercorn.typing import ASGIFramework
+from quart import Response
+from quart_trio import QuartTrio
+from werkzeug.datastructures import Headers
+
+from ..config import Settings
+from ..engines.pool import WorkerPool
+from ..engines.served_model import ServedModel
+from ..errors import NoHealthyWorker, UpstreamError
+from ..fleet.shards import Fleet, FleetRedirect, FleetRoutes
+from ..prompt.check import Outcome, check_template, in_place_roles, startup_problems
+from ..prompt.tokenizer import ChatTokenizer, load_tokenizer
+from ..session.lifecycle import PauseGate, reap_forever
+from ..session.session import SessionRegistry
+from ..session.store import SessionStore
+from ..turn.offload import Offload
+from ..turn.plan import TurnPolicy
+from ..turn.runner import TurnRunner
+from ..turn.validator import AnswerValidator
+from .auth import Gate
+from .context import ServerContext
+from .edge import HttpEdge, error_response
+from .metrics import Metrics
+from .protocols.chat import chat_route
+from .protocols.messages import messages_routes
+from .protocols.responses import responses_route
+from .routes.admin import register_admin_routes
+from .routes.inspector import is_public_path, register_inspector_routes
+from .routes.sessions import register_routes
+from .session_routing import SessionRouting
+
+__all__ = ["create_app", "server_context"]
+
+logger = logging.getLogger("rollout_session")
+_EXTENSION = "rollout_session"
+
+
+def is_public(method: str, path: str) -> bool:
+    """Requests served without the API key: ``/health`` and ``/ready``
+    (load balancers, probes) and the inspector's page and assets, which hold
+    no data (a browser loads them before anyone typed a key)."""
+    return path in ("/health", "/ready") or (method in ("GET", "HEAD") and is_public_path(path))
+
+
+def server_context(app: QuartTrio) -> ServerContext:
+    ctx: ServerContext = app.extensions[_EXTENSION]
+    return ctx
+
+
+def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) -> QuartTrio:
+    """Build the app. `tokenizer` skips loading one at startup (embedding, tests)."""
+    # No static folder: the inspector serves its own assets (inspector.py).
+    app = QuartTrio("rollout_session", static_folder=None)
+    # Quart's defaults (16 MiB body, 60 s response timeout) silently cut long
+    # generations. The body's limit and timeout are the edge's: it has read
+    # the whole body before Quart sees the request. Responses are never timed out.
+    app.config.update(
+        MAX_CONTENT_LENGTH=None,
+        RESPONSE_TIMEOUT=None,
+        BODY_TIMEOUT=None,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+    pool = WorkerPool(settings)
+    for url in settings.workers:
+        pool.add(url)
+    offload = Offload(
+        threshold_bytes=settings.offload_threshold_bytes, threads=settings.cpu_threads
+    )
+    ctx = ServerContext(
+        settings=settings,
+        store=SessionStore(SessionRegistry(max_sessions=settings.max_sessions), pool),
+        pool=pool,
+        offload=offload,
+        validator=AnswerValidator(
+            offload,
+            processes=settings.parse_processes,
+            process_threshold_bytes=settings.process_threshold_bytes,
+        ),
+        pause=PauseGate(settings.pause_wait_s),
+        metrics=Metrics(lambda: ctx),
+        model=ServedModel(pool, settings.context_length, settings.upstream_model),
+        tokenizer=tokenizer,
+    )
+    app.extensions[_EXTENSION] = ctx
+
+    @app.before_serving
+    async def startup() -> None:
+        if settings.journal is not None:
+            await ctx.store.open_journal(settings)  # done already under `serve`
+            await app.nursery.start(ctx.store.run_journal)
+        await app.nursery.start(ctx.pool.run)
+        await app.nursery.start(ctx.validator.run)
+        app.nursery.start_soon(reap_forever, ctx)
+        tokenizer = await _load_model(ctx)
+        in_place_roles = await _check_template(tokenizer, settings)
+        ctx.turns = TurnRunner(
+            store=ctx.store,
+            pause=ctx.pause,
+            pool=ctx.pool,
+            validator=ctx.validator,
+            offload=ctx.offload,
+            metrics=ctx.metrics,
+            tokenizer=tokenizer,
+            model=ctx.model,
+            policy=TurnPolicy.of(settings, in_place_roles),
+        )
+
+    @app.after_serving
+    async def shutdown() -> None:
+        await ctx.pool.close_remote_sessions(ctx.registry)
+        await ctx.pool.aclose()
+        await ctx.store.aclose()
+
+    # Also werkzeug's HTTPExceptions: Quart looks handlers up along the
+    # exception's classes (its routing redirects never reach one).
+    @app.errorhandler(Exception)
+    async def on_error(error: Exception) -> Response:
+        status, headers, body = error_response(error)
+        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+        return Response(body, status=status, headers=Headers(pairs))
+
+    register_routes(app, ctx)
+    register_admin_routes(app, ctx)
+    register_inspector_routes(app, ctx)
+    gate = Gate.of(settings, is_public=is_public)
+    sessions = SessionRouting(settings.session_header, settings.auto_create_sessions, ctx.store)
+    fleet = Fleet.of(settings)
+    inner: ASGIFramework = app.asgi_app
+    if fleet is not None:  # a fleet's shard (fleet.py): its routes inside the edge
+        inner = fleet_routes = FleetRoutes(inner, fleet, settings, ctx.store.registry)
+        app.before_serving(fleet_routes.open)
+        app.after_serving(fleet_routes.aclose)
+    # Quart's documented middleware hook: wrap asgi_app, keep the app object.
+    app.asgi_app = HttpEdge(  # type: ignore[method-assign]
+        inner,
+        routes=app.url_map.bind("localhost"),
+        fast_routes=[chat_route(ctx), responses_route(ctx), *messages_routes(ctx)],
+        authorize=gate.check if gate is not None else None,
+        max_body_bytes=settings.max_body_bytes,
+        sessions=sessions,
+    )
+    if fleet is not None:  # and its redirects outside it
+        app.asgi_app = FleetRedirect(  # type: ignore[method-assign]
+            app.asgi_app, fleet, sessions, settings.max_body_bytes
+        )
+    return app
+
+
+async def _load_model(ctx: ServerContext) -> ChatTokenizer:
+    """Learn the served model and load the tokenizer before taking requests.
+
+    Without --tokenizer the worker must answer (it names its tokenizer); with
+    one, an unreachable worker only delays the model card until one passes
+    admission.
+    """
+    settings = ctx.settings
+    try:
+        await ctx.pool.model_info()
+    except (UpstreamError, NoHealthyWorker):
+        if settings.tokenizer is None and ctx.tokenizer is None:
+            raise
+        logger.warning("worker model info unavailable at startup; continuing with --tokenizer")
+    if ctx.tokenizer is None:
+        info = ctx.model.info
+        path = settings.tokenizer or (info.tokenizer_path if info else None)
+        if not path:
+            raise RuntimeError("the worker reports no tokenizer_path; pass --tokenizer")
+        try:
+            ctx.tokenizer = await trio.to_thread.run_sync(
+                load_tokenizer, path, settings.chat_template
+            )
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"cannot load tokenizer {path!r} ({exc}); pass --tokenizer") from exc
+        logger.info(
+            "serving %s with tokenizer %s (vocab %d)",
+            ctx.model.name or "unknown model",
+            path,
+            ctx.tokenizer.vocab_size,
+        )
+    return ctx.tokenizer
+
+
+async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> frozenset[str]:
+    """Refuse to start on a template the server would extend wrongly (or not
+    at all, for a case the settings allow); log what it rewrites. Return the
+    appended roles beyond --append-roles it renders in place exactly: a
+    session goes on through them (docs/api.md#history-rules)."""
+    results = await trio.to_thread.run_sync(
+        check_template, tokenizer, settings.chat_template_kwargs
+    )
+    for result in results:
+        if result.outcome is not Outcome.EXACT:
+            # A case agents cannot send (its role is not appendable) is detail.
+            reachable = result.role is None or result.role in settings.append_roles
+            logger.log(
+                logging.INFO if reachable else logging.DEBUG,
+                "chat template, %s: %s: %s",
+                result.name,
+                result.outcome.value,
+                result.detail,
+            )
+    problems = startup_problems(results, settings.append_roles)
+    if problems:
+        raise RuntimeError(
+            "the chat template cannot be extended token-in/token-out exactly:\n  - "
+            + "\n  - ".join(problems)
+            + "\n(`rollout-session check-template` prints the whole report; "
+            "docs/templates.md says what to do)"
+        )
+    return in_place_roles(results)

@@ -1,0 +1,58 @@
+"""Operator routes: the worker pool at run time, pausing, metrics.
+
+``GET /workers`` shows the pool, ``POST /workers {"url"}`` adds a worker
+(it takes sessions once it passed an admission check: `workers.py`),
+``DELETE /workers?url=`` drains one (no new pins, in-flight turns finish) and
+removes it — the drain completes even if the request's client goes away; its
+sessions re-pin on their next turn. ``POST /admin/pause``
+holds new turns (weight sync) and answers once in-flight turns are done;
+``POST /admin/resume`` releases them. ``GET /metrics`` is Prometheus text.
+"""
+
+from __future__ import annotations
+
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from ...errors import InvalidRequest
+from ..context import ServerContext
+from ..metrics import CONTENT_TYPE
+from .sessions import json_response, read_json_object
+
+__all__ = ["register_admin_routes"]
+
+
+def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
+    pool = ctx.pool
+
+    @app.get("/workers")
+    async def list_workers() -> Response:
+        return json_response({"workers": [w.summary() for w in pool.workers.values()]})
+
+    @app.post("/workers")
+    async def add_worker() -> Response:
+        url = (await read_json_object(optional=False)).get("url")
+        if not isinstance(url, str):
+            raise InvalidRequest("url must be an http(s)://host[:port][/path] string", param="url")
+        return json_response(pool.add(url).summary(), status=201)
+
+    @app.post("/admin/pause")
+    async def pause() -> Response:
+        await ctx.pause.pause()
+        return json_response({"paused": True, "inflight": ctx.pause.inflight})
+
+    @app.post("/admin/resume")
+    async def resume() -> Response:
+        ctx.pause.resume()
+        return json_response({"paused": False})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), content_type=CONTENT_TYPE)
+
+    @app.delete("/workers")
+    async def remove_worker() -> Response:
+        url = request.args.get("url")
+        if not url:
+            raise InvalidRequest("the url query parameter is required", param="url")
+        return json_response((await pool.remove(url)).summary())

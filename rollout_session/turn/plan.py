@@ -1,0 +1,305 @@
+"""Planning a turn: extension, retry, rollback or a new segment, and the
+prompt ids (docs/api.md#history-rules, docs/training.md#segments).
+
+`plan_turn` is pure: it reads the session and the request and returns what
+the turn will commit if the worker answers well, touching nothing else. It
+takes exactly what planning needs — the tokenizer and a `TurnPolicy` drawn
+from the settings — so unit tests and benches call it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import Settings
+from ..errors import InvalidRequest, InvariantViolated, TooManySegments, TrajectoryDiverged
+from ..prompt.junction import STOPPED, continuation, shared_prefix
+from ..prompt.messages import Message
+from ..prompt.tokenizer import ChatTokenizer
+from ..session.commit import TurnPlan
+from ..session.segments import Branch, Divergence, OnDivergence, PromptMode, Rollback
+from ..session.session import Session
+from ..session.trajectory import Turn
+from .request import ChatRequest
+
+__all__ = ["TurnPolicy", "plan_turn"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPolicy:
+    """The settings a turn follows, fixed for the app. `plan_turn` reads the
+    first five; the turn runner the rest."""
+
+    # Roles an agent may append after an answer and the segment goes on:
+    # --append-roles, plus those the start-up template check found the
+    # template renders in place exactly (`with_in_place_roles`).
+    append_roles: frozenset[str]
+    max_rollback_turns: int  # turns a divergent request may drop (ROLLBACK only)
+    chat_template_kwargs: Mapping[str, Any]  # defaults under each request's own
+    on_divergence: OnDivergence = OnDivergence.SEGMENT
+    prompt_mode: PromptMode = PromptMode.TITO
+    max_segments: int = 1000  # segments per session (they bound its memory)
+    max_session_tokens: int | None = None  # prompt + max_tokens cap per session
+    session_hint: bool = False  # send SGLang the session id (--kv-sessions hint)
+    default_priority: int | None = None  # SGLang priority of sessions created without one
+    routed_experts: bool = False  # ask for and store routed experts (R3)
+
+    @classmethod
+    def of(cls, settings: Settings, in_place_roles: frozenset[str] = frozenset()) -> TurnPolicy:
+        return cls(
+            append_roles=settings.append_roles | in_place_roles,
+            max_rollback_turns=settings.max_rollback_turns,
+            chat_template_kwargs=settings.chat_template_kwargs,
+            on_divergence=OnDivergence(settings.on_divergence),
+            prompt_mode=PromptMode(settings.prompt_mode),
+            max_segments=settings.max_segments,
+            max_session_tokens=settings.max_session_tokens,
+            session_hint=settings.sends_session_hints,
+            default_priority=settings.default_priority,
+            routed_experts=settings.routed_experts,
+        )
+
+
+def _diverged_roles(new: list[Message], allowed: frozenset[str], offset: int) -> int | None:
+    for i, message in enumerate(new):
+        if message["role"] not in allowed:
+            return offset + i
+    return None
+
+
+def plan_turn(
+    session: Session, request: ChatRequest, tokenizer: ChatTokenizer, policy: TurnPolicy
+) -> TurnPlan:
+    """Decide how the request continues the session and build the prompt ids
+    (no mutation): extend the current segment, replace its last turn (a
+    retry), roll back (--on-divergence rollback) or start a new segment."""
+    trajectory = session.trajectory
+    problem = trajectory.check()
+    if problem is not None:
+        raise InvariantViolated(f"session {session.id}: trajectory corrupt: {problem}")
+    kwargs = {**policy.chat_template_kwargs, **request.chat_template_kwargs}
+    turns = trajectory.turns
+    if not turns:  # the session's first turn
+        return _from_scratch(request, tokenizer, kwargs)
+    incoming = request.messages
+    stored = session.conversation
+    # The tools are part of the first rendered prompt: changing them is a
+    # divergence at the very start of the history.
+    shared = stored.common_prefix(incoming) if request.tools == session.tools else 0
+    if shared == len(stored):
+        if len(incoming) == shared:
+            raise InvalidRequest(
+                "messages add nothing after the assistant's last answer", param="messages"
+            )
+        bad = _diverged_roles(incoming[shared:], policy.append_roles, shared)
+        if bad is None:
+            return _continue(session, request, tokenizer, policy, kwargs, len(turns), None)
+        if policy.on_divergence is not OnDivergence.SEGMENT:
+            raise InvalidRequest(
+                f"messages[{bad}] has role {incoming[bad]['role']!r}; after the assistant's "
+                f"answer only {sorted(policy.append_roles)} may be appended",
+                param=f"messages[{bad}].role",
+            )
+        return _new_segment(
+            session, request, tokenizer, policy, kwargs, Divergence.APPENDED_ROLE, bad
+        )
+    reason = _divergence(session, request, shared)
+    segment = len(session.earlier)
+    if reason is Divergence.RETRY:
+        keep = len(turns) - 1
+        rollback = Rollback(reason, segment, keep, 1, _sampled_after(turns, keep), shared)
+        return _continue(session, request, tokenizer, policy, kwargs, keep, rollback)
+    if policy.on_divergence is OnDivergence.SEGMENT:
+        return _new_segment(session, request, tokenizer, policy, kwargs, reason, shared)
+    if policy.on_divergence is OnDivergence.ERROR:
+        raise TrajectoryDiverged(
+            f"messages diverge from the session's history at message {shared} "
+            f"({reason.value}); with --on-divergence error a request must extend the "
+            "session's history or repeat its previous request",
+            param="messages",
+        )
+    keep = sum(1 for t in turns if t.messages_end <= shared)
+    dropped = len(turns) - keep
+    first_retry = keep == 0 and len(turns) == 1
+    if dropped > policy.max_rollback_turns and not first_retry:
+        raise TrajectoryDiverged(
+            f"messages diverge from the session's history at message {shared}; "
+            f"that would roll back {dropped} turns (max {policy.max_rollback_turns})",
+            param="messages",
+        )
+    if keep:
+        start = turns[keep - 1].messages_end
+        bad = _diverged_roles(incoming[start:], policy.append_roles, start)
+        if len(incoming) == start or bad is not None:
+            raise TrajectoryDiverged(
+                f"messages diverge from the session's history at message {shared} and "
+                "do not continue its last kept answer with "
+                f"{sorted(policy.append_roles)} messages",
+                param="messages",
+            )
+    rollback = Rollback(reason, segment, keep, dropped, _sampled_after(turns, keep), shared)
+    return _continue(session, request, tokenizer, policy, kwargs, keep, rollback)
+
+
+def _sampled_after(turns: list[Turn], keep: int) -> int:
+    """Sampled tokens of the turns a rollback keeping `keep` drops."""
+    return sum(t.completion_end - t.completion_start for t in turns[keep:])
+
+
+def _from_scratch(
+    request: ChatRequest,
+    tokenizer: ChatTokenizer,
+    kwargs: dict[str, Any],
+    *,
+    rollback: Rollback | None = None,
+    branch: Branch | None = None,
+    prompt: list[int] | None = None,
+) -> TurnPlan:
+    """A turn whose prompt is the template's render of the whole request: a
+    session's first, a new segment's first, or a replaced first turn."""
+    if prompt is None:
+        prompt = tokenizer.first_turn(request.messages, tools=request.tools, kwargs=kwargs)
+    return TurnPlan(
+        0,
+        request.messages,
+        request.tools,
+        kwargs,
+        prompt,
+        np.asarray(prompt, np.int32),
+        rollback=rollback,
+        branch=branch,
+    )
+
+
+def _new_segment(
+    session: Session,
+    request: ChatRequest,
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+    kwargs: dict[str, Any],
+    reason: Divergence,
+    message: int,
+    prompt: list[int] | None = None,
+) -> TurnPlan:
+    segment = len(session.earlier)
+    if segment + 1 >= policy.max_segments:
+        raise TooManySegments(
+            f"messages diverge from the session's history at message {message} "
+            f"({reason.value}), and the session has its --max-segments "
+            f"({policy.max_segments}) segments already; it takes only extensions of "
+            "its last segment and retries now",
+            param="messages",
+        )
+    branch = Branch(reason, segment, message)
+    return _from_scratch(request, tokenizer, kwargs, branch=branch, prompt=prompt)
+
+
+def _continue(
+    session: Session,
+    request: ChatRequest,
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+    kwargs: dict[str, Any],
+    keep: int,
+    rollback: Rollback | None,
+) -> TurnPlan:
+    """Keep `keep` turns of the current segment and append the request's
+    messages after them."""
+    if keep == 0:
+        return _from_scratch(request, tokenizer, kwargs, rollback=rollback)
+    trajectory = session.trajectory
+    if policy.prompt_mode is PromptMode.RENDER:
+        return _rendered(session, request, tokenizer, policy, kwargs, keep, rollback)
+    last = trajectory.turns[keep - 1]
+    junction = tokenizer.junction(
+        session.conversation.message(last.messages_end - 1),
+        request.messages[last.messages_end :],
+        tools=request.tools,
+        kwargs=kwargs,
+    )
+    prompt = continuation(
+        trajectory.sampled_ids(keep - 1),
+        junction,
+        stopped=last.finish_reason in STOPPED,
+        special_ids=tokenizer.special_ids,
+    )
+    input_ids = trajectory.tokens.prefix_ids(trajectory.length_after(keep), prompt)
+    return TurnPlan(
+        keep,
+        request.messages,
+        request.tools,
+        kwargs,
+        prompt,
+        input_ids,
+        trajectory.expert_positions(keep),
+        rollback,
+    )
+
+
+def _rendered(
+    session: Session,
+    request: ChatRequest,
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+    kwargs: dict[str, Any],
+    keep: int,
+    rollback: Rollback | None,
+) -> TurnPlan:
+    """--prompt-mode render: the whole request rendered; it continues the
+    kept turns only if it starts with their ids exactly."""
+    trajectory = session.trajectory
+    full = tokenizer.first_turn(request.messages, tools=request.tools, kwargs=kwargs)
+    base = trajectory.length_after(keep)
+    input_ids = np.asarray(full, np.int32)
+    kept_ids = trajectory.tokens.prefix_ids(base)
+    if len(full) > base and np.array_equal(input_ids[:base], kept_ids):
+        return TurnPlan(
+            keep,
+            request.messages,
+            request.tools,
+            kwargs,
+            full[base:],
+            input_ids,
+            trajectory.expert_positions(keep),
+            rollback,
+        )
+    # The message holding the first token the render does not reproduce.
+    differs = shared_prefix(full, kept_ids.tolist())
+    turn = next((t for t in trajectory.turns[:keep] if t.completion_end > differs), None)
+    message = (turn or trajectory.turns[keep - 1]).messages_end - 1
+    if policy.on_divergence is not OnDivergence.SEGMENT:
+        raise TrajectoryDiverged(
+            "the chat template renders this request's history differently from the "
+            f"session's tokens (in message {message}); --prompt-mode render with "
+            f"--on-divergence {policy.on_divergence.value} cannot continue it",
+            param="messages",
+        )
+    return _new_segment(
+        session, request, tokenizer, policy, kwargs, Divergence.RENDERED_DIFFERENTLY, message, full
+    )
+
+
+def _divergence(session: Session, request: ChatRequest, shared: int) -> Divergence:
+    """Name why a request that does not extend the current segment diverges
+    at message `shared` (segments.Divergence)."""
+    stored = session.conversation
+    if request.tools != session.tools:
+        return Divergence.TOOLS_CHANGED
+    # The previous request exactly: the stored history without the last
+    # answer (not merely a prefix of it: that is an edit).
+    if shared == len(request.messages) == len(stored) - 1:
+        answer = stored.message(shared)
+        # An agent that got nothing usable and asks again saw the answer: it
+        # is kept in its segment rather than replaced.
+        if answer.get("content") or answer.get("tool_calls"):
+            return Divergence.RETRY
+        return Divergence.ANSWER_DROPPED
+    if shared < len(stored) and stored.message(shared)["role"] == "assistant":
+        if shared < len(request.messages) and request.messages[shared]["role"] == "assistant":
+            return Divergence.ANSWER_EDITED
+        return Divergence.ANSWER_DROPPED
+    return Divergence.HISTORY_EDITED

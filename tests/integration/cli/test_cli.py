@@ -1,0 +1,128 @@
+"""The command line as a new user runs it: `serve --demo`, a refused template, `check-template`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import trio
+
+from rollout_session.testing.processes import start_listening
+from tests import FIXTURES
+from tests.conftest import agent_turn
+from tests.families import family_path
+
+
+async def test_serve_demo_runs_a_session_and_stops_on_sigint() -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "rollout_session", "serve", "--demo", "--port", "0"]
+    async with trio.open_nursery() as nursery:
+        url, process = await start_listening(nursery, command, env=env)
+        async with httpx.AsyncClient(base_url=url) as client:
+            created = (await client.post("/sessions")).json()
+            content = await trio.to_thread.run_sync(agent_turn, url + created["base_url"])
+            assert content
+            closed = (await client.delete(f"/sessions/{created['session_id']}")).json()
+        assert closed["status"] == "closed" and len(closed["turns"]) == 1
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            assert await process.wait() == 0
+
+
+BROKEN = FIXTURES / "broken-templates" / "drops-history.jinja"
+
+
+async def test_serve_refuses_a_template_it_cannot_extend_exactly() -> None:
+    """A template that drops earlier answers from history: `serve` names the
+    cases and exits 1 instead of failing mid-episode."""
+    command = [sys.executable, "-m", "rollout_session", "serve", "--demo", "--port", "0",
+               "--chat-template", str(BROKEN)]  # fmt: skip
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            command, capture_stdout=True, capture_stderr=True, check=False
+        )
+    assert done.returncode == 1
+    err = done.stderr.decode()
+    assert "rollout-session: cannot start: the chat template cannot be extended" in err
+    assert "  - plain: server: chat template renders neither" in err
+
+
+@pytest.mark.parametrize(
+    ("family", "roles", "code", "expected"),
+    [
+        ("gpt-oss", "tool,user", 0,
+         "plain                       rewrites history: the sampled stop token '<|return|>' "
+         "stays where history has '<|end|>'"),
+        ("deepseek-v3.1", "tool,user,system", 1,
+         "  - appended system message: server: the chat template does not render appended "
+         "message 0 (role 'system')"),
+    ],
+    ids=["gpt-oss", "deepseek-system"],
+)  # fmt: skip
+async def test_check_template_reports_per_case(
+    family: str, roles: str, code: int, expected: str
+) -> None:
+    command = [sys.executable, "-m", "rollout_session", "check-template",
+               "--tokenizer", str(family_path(family)), "--append-roles", roles]  # fmt: skip
+    with trio.fail_after(60):
+        done = await trio.run_process(command, capture_stdout=True, check=False)
+    out = done.stdout.decode()
+    assert done.returncode == code, out
+    assert expected in out
+    assert ("serve would start" in out) is (code == 0)
+
+
+def reasoning_turn(base_url: str) -> dict[str, Any]:
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "hello"}]
+    )
+    client.close()
+    return answer.choices[0].message.model_dump()
+
+
+async def test_serve_demo_speaks_the_given_template_with_reasoning() -> None:
+    """`--demo` workers use `--chat-template` (not the bundled ChatML) and
+    `--demo-reasoning` makes them answer like a reasoning model."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "rollout_session", "serve", "--demo", "--port", "0",
+               "--chat-template", "qwen3", "--demo-reasoning"]  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        url, process = await start_listening(nursery, command, env=env)
+        async with httpx.AsyncClient(base_url=url) as client:
+            created = (await client.post("/sessions")).json()
+            message = await trio.to_thread.run_sync(reasoning_turn, url + created["base_url"])
+            assert message["reasoning_content"] and message["content"]
+            doc = (await client.get(f"/sessions/{created['session_id']}/trajectory")).json()
+            pieces = (await client.get(f"/sessions/{created['session_id']}/diff")).json()
+        sampled = pieces["committed_pieces"][doc["turns"][0]["completion_start"] :]
+        assert sampled[0] == "<think>"
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            assert await process.wait() == 0
+
+
+@pytest.mark.parametrize("command", ["export", "emulator", "check-template"])
+async def test_a_subcommand_imports_only_what_it_needs(command: str) -> None:
+    """`--help` of a subcommand loads neither the web stack, transformers
+    nor the emulator (each took seconds before)."""
+    probe = (
+        "import sys\n"
+        "from rollout_session.cli.main import main\n"
+        "try:\n"
+        f"    main([{command!r}, '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('quart', 'transformers', 'pyarrow', 'rollout_session.testing.emulator')\n"
+        "print([m for m in heavy if m in sys.modules], file=sys.stderr)\n"
+    )
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-c", probe], capture_stdout=True, capture_stderr=True
+        )
+    assert done.stderr.decode().strip().splitlines()[-1] == "[]"

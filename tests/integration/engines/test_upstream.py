@@ -1,0 +1,253 @@
+"""`WorkerClient` against a bare HTTP/1.1 server that shows its connections:
+reuse, bounds, and what happens to connections that cannot be reused."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import h11
+import httpcore
+import pytest
+import trio
+from httpcore._backends.trio import TrioStream  # what WorkerClient's reads reach
+
+from rollout_session.engines.upstream import (
+    READ_BYTES,
+    NotSent,
+    WorkerClient,
+    fetch_model_info,
+    post_chat,
+)
+from rollout_session.errors import UpstreamError
+
+ANSWER = b'{"ok": true}'
+LARGE = bytes(range(256)) * (3 * 4096)  # 3 MiB
+ANY_SIZE = 1 << 30  # no answer here comes near --max-answer-mb
+
+
+@dataclass
+class Origin:
+    """A keep-alive HTTP/1.1 server on a free port. ``/close`` answers and then
+    closes the connection; ``/hold`` answers once `release` is set; ``/large``
+    answers `LARGE` in one write."""
+
+    url: str = ""
+    connections: int = 0  # accepted so far
+    open_now: int = 0
+    most_open: int = 0
+    requests: list[tuple[int, bytes, dict[bytes, bytes]]] = field(default_factory=list)
+    release: trio.Event = field(default_factory=trio.Event)
+    changed: trio.Event = field(default_factory=trio.Event)  # a request came, a connection went
+
+    def _notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, predicate: object) -> None:
+        assert callable(predicate)
+        while not predicate():
+            await self.changed.wait()
+
+    async def _held(self, stream: trio.SocketStream) -> bool:
+        """Wait for `release`; False if the client disconnects first."""
+        gone = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                nonlocal gone
+                gone = not await stream.receive_some()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            await self.release.wait()
+            nursery.cancel_scope.cancel()
+        return not gone
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        number = self.connections
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some()
+                    conn.receive_data(data)
+                    if not data and conn.their_state is not h11.DONE:
+                        return
+                    continue
+                if isinstance(event, h11.Request):
+                    self.requests.append((number, event.target, dict(event.headers)))
+                    self._notify()
+                elif isinstance(event, h11.EndOfMessage):
+                    target = self.requests[-1][1]
+                    if target == b"/hold" and not await self._held(stream):
+                        return  # the client went away while waiting
+                    answer = LARGE if target == b"/large" else ANSWER
+                    headers = [("content-type", "application/json")]
+                    headers.append(("content-length", str(len(answer))))
+                    reply = b"".join(
+                        conn.send(event) or b""
+                        for event in (
+                            h11.Response(status_code=200, headers=headers),
+                            h11.Data(data=answer),
+                            h11.EndOfMessage(),
+                        )
+                    )
+                    await stream.send_all(reply)
+                    if target == b"/close":
+                        return
+                    conn.start_next_cycle()
+                elif isinstance(event, h11.ConnectionClosed):
+                    return
+        finally:
+            self.open_now -= 1
+            await stream.aclose()
+            self._notify()
+
+
+@pytest.fixture
+async def origin(nursery: trio.Nursery) -> AsyncIterator[Origin]:
+    server = Origin()
+    serve = functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")
+    listeners = await nursery.start(serve)
+    server.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    yield server
+
+
+def client_for(origin: Origin, max_connections: int = 4) -> WorkerClient:
+    return WorkerClient(
+        origin.url, max_connections=max_connections, timeout_s=10.0, connect_timeout_s=5.0
+    )
+
+
+async def test_sequential_requests_share_one_connection(origin: Origin) -> None:
+    client = client_for(origin)
+    for i in range(5):
+        reply = await post_chat(client, f"s{i}", b"{}", 10.0, ANY_SIZE)
+        assert (reply.status, reply.body) == (200, ANSWER)
+        assert reply.headers == [(b"content-type", b"application/json")]
+    assert origin.connections == 1
+    assert {number for number, _, _ in origin.requests} == {1}
+    _, target, headers = origin.requests[0]
+    assert target == b"/v1/chat/completions"
+    assert headers[b"x-smg-routing-key"] == b"s0"
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"accept-encoding"] == b"identity"
+    await client.aclose()
+    await origin.wait_for(lambda: origin.open_now == 0)
+
+
+async def test_large_answers_are_read_in_large_reads(
+    origin: Origin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+    trio_read = TrioStream.read
+
+    async def read(self: TrioStream, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
+        asked.append(max_bytes)
+        return await trio_read(self, max_bytes, timeout)
+
+    monkeypatch.setattr(TrioStream, "read", read)
+    client = client_for(origin)
+    per_request = []
+    for target in ("/ok", "/ok", "/large", "/ok", "/large"):
+        asked.clear()
+        response = await client.request(b"POST", target, [], b"{}", max_bytes=ANY_SIZE)
+        assert response.body == (LARGE if target == "/large" else ANSWER)
+        per_request.append(list(asked))
+    # Small answers: httpcore's 64 KiB reads (no 1 MiB buffer for 12 bytes).
+    assert per_request[0] == per_request[1] == [64 * 1024]
+    # 3 MiB: after a full read, up to 1 MiB at a time (not 48 reads).
+    for reads in per_request[2], per_request[4]:
+        assert READ_BYTES in reads and len(reads) < 3 * 16
+    assert origin.connections == 1  # nothing left over on the connection
+    await client.aclose()
+
+
+async def test_concurrent_requests_are_bounded_by_max_connections(origin: Origin) -> None:
+    client = client_for(origin, max_connections=2)
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(
+                functools.partial(client.request, max_bytes=ANY_SIZE), b"POST", "/hold", [], b"{}"
+            )
+        await origin.wait_for(lambda: len(origin.requests) == 2)
+        origin.release.set()
+    assert len(origin.requests) == 5
+    assert origin.most_open == 2
+    await client.aclose()
+
+
+async def test_cancelled_exchange_closes_its_connection(origin: Origin) -> None:
+    client = client_for(origin)
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(client.request, max_bytes=ANY_SIZE), b"POST", "/hold", [], b"{}"
+            )
+            await origin.wait_for(lambda: len(origin.requests) == 1)
+            scope.cancel()
+    # The worker sees the disconnect (SGLang aborts the request on it) ...
+    await origin.wait_for(lambda: origin.open_now == 0)
+    # ... and the next exchange gets a fresh connection.
+    reply = await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
+    assert reply.status == 200
+    assert origin.connections == 2
+    await client.aclose()
+
+
+async def test_connection_closed_by_the_worker_is_not_reused(origin: Origin) -> None:
+    client = client_for(origin)
+    response = await client.request(b"POST", "/close", [], b"{}", max_bytes=ANY_SIZE)
+    assert response.status == 200
+    await origin.wait_for(lambda: origin.open_now == 0)
+    # Had the idle connection been reused, this would fail with "server
+    # disconnected" (a 502 for the agent); instead a new one is opened.
+    reply = await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
+    assert reply.status == 200
+    assert origin.connections == 2
+    await client.aclose()
+
+
+async def test_refused_connection_is_not_sent_and_a_closed_client_sends_nothing(
+    origin: Origin,
+) -> None:
+    # Timeouts and transport errors are covered end to end (test_failures.py).
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dead = f"http://127.0.0.1:{port}"  # bound, never listening: refused
+    client = WorkerClient(dead, max_connections=2, timeout_s=10.0, connect_timeout_s=5.0)
+    with pytest.raises(NotSent):
+        await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
+    with pytest.raises(UpstreamError, match="cannot read model info"):
+        await fetch_model_info(client, 5.0)
+    closed = client_for(origin)
+    await closed.aclose()
+    with pytest.raises(httpcore.ConnectError):
+        await closed.request(b"GET", "/", [], max_bytes=ANY_SIZE)
+    assert origin.connections == 0
+
+
+async def test_model_info_has_a_deadline_against_a_silent_worker(nursery: trio.Nursery) -> None:
+    """A worker that accepts and never answers does not hold start-up."""
+    accepted = trio.Event()
+
+    async def silent(stream: trio.SocketStream) -> None:
+        accepted.set()
+        await trio.sleep_forever()
+
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    client = WorkerClient(
+        f"http://127.0.0.1:{port}", max_connections=2, timeout_s=600.0, connect_timeout_s=5.0
+    )
+    with trio.fail_after(30), pytest.raises(UpstreamError, match=r"no answer within 0\.2 s"):
+        await fetch_model_info(client, 0.2)
+    assert accepted.is_set()
+    await client.aclose()

@@ -1,0 +1,266 @@
+"""Every listed model family end to end: the genuine template, a tokenizer
+with the family's markers as single tokens, the emulator speaking the
+family's format, the official `openai` SDK as the agent over real HTTP.
+
+Per turn: the prompt equals the template's rendering of that request where
+`check-template` says the family is exact, and otherwise its appended part
+is exactly the template's tail, joined to the sampled ids the way the check
+accepts (never a duplicated, missing or foreign token); the sampled ids are
+the worker's, under mask 1, and nothing else is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import trio
+from transformers import AutoTokenizer
+
+from rollout_session import Settings, create_app
+from rollout_session.http.serving import RunningServer, start_server
+from rollout_session.prompt.check import Outcome, junction_problem
+from rollout_session.prompt.junction import STOPPED
+from rollout_session.prompt.messages import Message, assistant_message, normalize_messages
+from rollout_session.prompt.tokenizer import ChatTokenizer
+from rollout_session.testing import EmulatorConfig, TextModel
+from tests.conftest import spawn_worker
+from tests.families import family_path, family_tokenizer
+from tests.integration.session.test_turns import check_document
+from tests.unit.prompt.test_check import CASES, REPORT
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Local time of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@dataclass
+class Turn:
+    request: list[Message]  # the request's messages, normalised as the server stores them
+    sampled: list[int]  # the worker's sampled ids
+    answer: Message  # the answer as the server stores it
+
+
+@dataclass
+class Episode:
+    tools: list[Any] | None
+    turns: list[Turn] = field(default_factory=list)
+
+
+Serve = Callable[[str, dict[str, Any]], Awaitable[str]]
+
+
+@pytest.fixture
+async def serve_family(nursery: trio.Nursery) -> AsyncIterator[Serve]:
+    servers: list[RunningServer] = []
+
+    async def start(family: str, kwargs: dict[str, Any]) -> str:
+        path = family_path(family)
+        model = TextModel(AutoTokenizer.from_pretrained(str(path)))
+        worker = await spawn_worker(
+            nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True)
+        )
+        settings = Settings(
+            workers=(worker.url,), port=0, tokenizer=str(path), chat_template_kwargs=kwargs
+        )
+        server = await start_server(
+            nursery, create_app(settings, tokenizer=family_tokenizer(family))
+        )
+        servers.append(server)
+        return server.url
+
+    yield start
+    for server in servers:
+        await server.aclose()
+
+
+def _echo(message: Any) -> dict[str, Any]:
+    """The answer as an agent appends it: OpenAI's fields, reasoning dropped."""
+    data: dict[str, Any] = message.model_dump(exclude_none=True)
+    out: dict[str, Any] = {"role": "assistant", "content": data.get("content")}
+    if data.get("tool_calls"):
+        out["tool_calls"] = [
+            {k: c[k] for k in ("id", "type", "function")} for c in data["tool_calls"]
+        ]
+    return out
+
+
+async def _episode(
+    agent: openai.AsyncOpenAI, *, tools: list[Any] | None, cut_at: int | None = None, **extra: Any
+) -> Episode:
+    """System + user, then four model calls: tool results after tool calls,
+    a new user message after text; `cut_at` gets max_tokens=3."""
+    messages: list[Any] = [
+        {"role": "system", "content": "You are a helpful agent."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+    episode = Episode(tools)
+    for i in range(4):
+        options: dict[str, Any] = {"tools": tools} if tools else {}
+        response = await agent.chat.completions.create(
+            model="any",
+            messages=messages,
+            max_tokens=3 if i == cut_at else 64,
+            seed=i,
+            extra_body=extra or None,
+            **options,
+        )
+        choice = response.choices[0]
+        meta = (choice.model_extra or {})["meta_info"]
+        message = choice.message
+        calls = [c.model_dump() for c in message.tool_calls or []]
+        reasoning = (message.model_extra or {}).get("reasoning_content")
+        episode.turns.append(
+            Turn(
+                normalize_messages(messages),
+                [entry[1] for entry in meta["output_token_logprobs"]],
+                assistant_message(message.content, calls, reasoning),
+            )
+        )
+        messages.append(_echo(message))
+        for call in message.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": f"done {i}"})
+        if not message.tool_calls:
+            messages.append({"role": "user", "content": f"Tell me more, part {i}."})
+    return episode
+
+
+def _check_turns(
+    tok: ChatTokenizer,
+    doc: dict[str, Any],
+    episode: Episode,
+    kwargs: dict[str, Any],
+    exact: bool,
+) -> None:
+    ids: list[int] = doc["token_ids"]
+    assert len(doc["turns"]) == len(episode.turns)
+    spans: list[tuple[int, int, str]] = []
+    for k, (record, turn) in enumerate(zip(doc["turns"], episode.turns, strict=True)):
+        start, middle, end = (
+            record["prompt_start"],
+            record["completion_start"],
+            record["completion_end"],
+        )
+        # (b) the worker's sampled ids, exactly, under mask 1 (check_document: only there).
+        assert ids[middle:end] == turn.sampled
+        spans += [(start, middle, f"prompt {k}"), (middle, end, f"answer {k}")]
+        reference = tok.first_turn(turn.request, tools=episode.tools, kwargs=kwargs)
+        server = ids[:middle]
+        if k == 0 or exact:
+            assert server == reference, f"turn {k + 1}"
+            continue
+        previous = episode.turns[k - 1]
+        previous_record = doc["turns"][k - 1]
+        new = turn.request[len(previous.request) + 1 :]
+        junction = tok.junction(previous.answer, new, tools=episode.tools, kwargs=kwargs)
+        # (a, c) the appended ids are the template's tail, joined as the check accepts.
+        stopped = previous_record["finish_reason"] in STOPPED
+        problem = junction_problem(
+            tok, ids[start - 1], ids[start:middle], junction, stopped, server, reference, spans
+        )
+        assert problem is None or problem[0] is Outcome.REWRITES, (f"turn {k + 1}", problem)
+
+
+# Families whose template shows an answer's reasoning (with these kwargs).
+REASONING = {"qwen3", "deepseek-r1", "glm-4.6", "gpt-oss"}
+# (family, server kwargs, whether answers carry reasoning)
+CONFIGS = [
+    *((family, {}, family in REASONING) for family in REPORT),
+    ("deepseek-v3.1", {"thinking": True}, True),
+    ("qwen3", {"enable_thinking": False}, False),
+]
+PATTERNS = ["plain", "tool call", "parallel tool calls", "cut by max_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("family", "kwargs", "reasoning"),
+    CONFIGS,
+    ids=[f"{f}{'-' + str(k) if k else ''}" for f, k, _ in CONFIGS],
+)
+async def test_family_episodes_are_exact(
+    serve_family: Serve, family: str, kwargs: dict[str, Any], reasoning: bool
+) -> None:
+    url = await serve_family(family, kwargs)
+    tok = family_tokenizer(family)
+    outcomes = dict(zip(CASES, REPORT[family], strict=True))
+    async with httpx.AsyncClient(base_url=url, timeout=30) as trainer:
+        for pattern in PATTERNS:
+            if outcomes[pattern] is Outcome.UNSUPPORTED:
+                continue  # the template refuses it (check-template names why)
+            sid = (await trainer.post("/sessions", json={})).json()["session_id"]
+            agent = openai.AsyncOpenAI(
+                base_url=f"{url}/sessions/{sid}/v1", api_key="unused", max_retries=0
+            )
+            if pattern == "plain":
+                episode = await _episode(agent, tools=None)
+                # Reasoning models answer with reasoning the template shows.
+                reasoned = [bool(t.answer.get("reasoning_content")) for t in episode.turns]
+                assert all(reasoned) is reasoning and any(reasoned) is reasoning
+            elif pattern == "tool call":
+                episode = await _episode(agent, tools=[WEATHER])
+            elif pattern == "parallel tool calls":
+                episode = await _episode(agent, tools=[WEATHER, CLOCK], parallel_tool_calls=True)
+                assert any(len(t.answer["tool_calls"]) == 2 for t in episode.turns)
+            else:
+                episode = await _episode(agent, tools=None, cut_at=1)
+                assert len(episode.turns[1].sampled) == 3
+            await agent.close()
+            doc = (await trainer.get(f"/sessions/{sid}/trajectory")).json()
+            check_document(doc)
+            # Reasoning answers are exact where the check's reasoning case is.
+            any_reasoning = any(t.answer.get("reasoning_content") for t in episode.turns)
+            exact = (
+                not kwargs
+                and outcomes[pattern] is Outcome.EXACT
+                and (not any_reasoning or outcomes["reasoning"] is Outcome.EXACT)
+            )
+            _check_turns(tok, doc, episode, {**kwargs}, exact)
+
+
+@pytest.mark.parametrize(
+    ("family", "extra"),
+    [
+        # Llama prints `date_string` in the system header: a diff that ignored
+        # the request's kwargs would see every session as mismatched.
+        ("llama-3.1", {"chat_template_kwargs": {"date_string": "01 Jan 2030"}}),
+        # Stored tool calls have dict arguments; DeepSeek concatenates strings.
+        ("deepseek-v3.1", {}),
+    ],
+)
+async def test_diff_renders_like_the_turns_did(
+    serve_family: Serve, family: str, extra: dict[str, Any]
+) -> None:
+    url = await serve_family(family, {})
+    async with httpx.AsyncClient(base_url=url, timeout=30) as trainer:
+        sid = (await trainer.post("/sessions", json={})).json()["session_id"]
+        agent = openai.AsyncOpenAI(
+            base_url=f"{url}/sessions/{sid}/v1", api_key="unused", max_retries=0
+        )
+        episode = await _episode(agent, tools=[WEATHER], **extra)
+        await agent.close()
+        assert any(t.answer["tool_calls"] for t in episode.turns)
+        response = await trainer.get(f"/sessions/{sid}/diff")
+        assert response.status_code == 200, response.text
+        diff = response.json()
+        assert diff["first_mismatch"] is None and diff["tail_expected"] is True

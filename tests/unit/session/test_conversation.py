@@ -1,0 +1,95 @@
+"""The compact stored conversation: exact round trips, the same history
+matching as `messages.common_prefix`, and records the GC can forget."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from typing import Any
+
+import orjson
+import pytest
+
+from rollout_session.prompt.messages import assistant_message, common_prefix, normalize_messages
+from rollout_session.session.conversation import Conversation
+
+
+def call(name: str, arguments: Any, call_id: str = "a") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+CONVERSATION = normalize_messages(
+    [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "ü"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "think",
+            "tool_calls": [call("f", '{"b": 2, "a": 1}')],
+        },
+        {"role": "tool", "content": "result", "tool_call_id": "a", "name": "f"},
+        {"role": "assistant", "content": "done"},
+    ]
+)
+
+
+def test_round_trip_keeps_values_and_key_order() -> None:
+    stored = Conversation(CONVERSATION)
+    assert stored.messages() == CONVERSATION
+    assert [orjson.dumps(m) for m in stored.messages()] == [orjson.dumps(m) for m in CONVERSATION]
+    assert stored.messages(3) == CONVERSATION[3:]
+    # Any JSON object round-trips, not only normalised ones (journal, tests).
+    odd: list[dict[str, Any]] = [
+        {"role": "user", "content": "x", "extra": [1, 2.5, None]},
+        {"role": "tool"},
+    ]
+    assert Conversation(odd).messages() == odd
+
+
+@pytest.mark.parametrize(
+    "incoming",
+    [
+        {"role": "assistant", "content": "", "tool_calls": [call("f", '{"a":1,"b":2}', "z")]},
+        {"role": "assistant", "content": None, "tool_calls": [call("f", '{"a": 1.0, "b": 2}')]},
+        {"role": "assistant", "content": None, "tool_calls": [call("f", '{"a": true, "b": 2}')]},
+        {"role": "assistant", "content": None, "tool_calls": [call("f", '{"a": 2, "b": 2}')]},
+        {"role": "assistant", "content": None, "tool_calls": [call("g", '{"a": 1, "b": 2}')]},
+        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "assistant", "tool_calls": [call("f", "{}")], "reasoning_content": "think"},
+        {"role": "assistant", "reasoning_content": "other", "tool_calls": [call("f", "x")]},
+        {"role": "user", "content": None},
+    ],
+)
+def test_matching_is_messages_common_prefix(incoming: dict[str, Any]) -> None:
+    """Same answer as the dict rules, including Python equality (1 == 1.0)."""
+    stored = CONVERSATION[:3]
+    [normalised] = normalize_messages([incoming])
+    request = [*CONVERSATION[:2], normalised]
+    assert Conversation(stored).common_prefix(request) == common_prefix(stored, request)
+
+
+def test_matching_against_the_stored_answer() -> None:
+    answer = assistant_message("", [call("f", '{"p": "x"}')], "thinking")
+    echo = {"role": "assistant", "content": None, "tool_calls": [call("f", '{"p": "x"}', "c9")]}
+    echoed = normalize_messages([echo])
+    assert Conversation([answer]).common_prefix(echoed) == 1
+    assert Conversation(CONVERSATION).common_prefix(CONVERSATION) == len(CONVERSATION)
+
+
+def test_spliced_is_a_new_conversation() -> None:
+    first = Conversation(CONVERSATION[:2])
+    second = first.spliced(1, CONVERSATION[3:])
+    assert first.messages() == CONVERSATION[:2]
+    assert second.messages() == [CONVERSATION[0], *CONVERSATION[3:]]
+
+
+def test_records_are_exact_sized_and_untracked_by_the_gc() -> None:
+    stored = Conversation(CONVERSATION)
+    gc.collect()  # untracks the records…
+    gc.collect()  # …then the tuple holding them
+    assert not gc.is_tracked(stored.records)
+    assert not any(gc.is_tracked(r) for r in stored.records)
+    for record in stored.records:
+        rest = record[4]
+        assert sys.getsizeof(rest) < len(rest) + 64  # not orjson's ~4 KiB buffer
