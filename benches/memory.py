@@ -2,15 +2,23 @@
 
 Method: one prototype agent conversation (tool calls and ~240-word tool
 results, like P3) is run against a real emulator process until its trajectory
-holds ``--tokens`` (4096) tokens, through the server's own turn functions.
-Then ``--sessions`` (10,000) sessions are built in this process through the
-real commit path: for every session and turn, the recorded request body is
-parsed with `parse_chat_request` (fresh message objects, as the server gets
-them), the recorded worker answer with `parse_worker_answer` (fresh arrays),
-and `commit_turn` → `Trajectory.commit` stores it. Only the prompt ids of the
-plan are reused from the prototype (they are transient: the commit copies
-them into the session's arrays), which saves a template render per turn;
-``--replan`` calls `plan_turn` for every turn instead.
+holds ``--tokens`` (4096) tokens, each turn run by the server's own
+`TurnRunner` in this process (the ``sglang-chat`` engine with a worker pool
+of the emulator, benches/_turns.py); the agent's bodies and the worker's
+answers are recorded. Then ``--sessions`` (10,000) sessions are built in
+this process by replaying it through the real turn path: for every session
+and turn, `TurnRunner.run` with the recorded agent body (`parse_chat_request`:
+fresh message objects, as the server gets them; `plan_turn`) and a
+`ReplayEngine` answering with the recorded worker answer (`check_answer`:
+fresh arrays), committed through the session store (`commit_turn` →
+`Trajectory.commit`).
+
+Every turn is planned, as the server plans it: earlier versions reused the
+prototype's plans (``--replan`` planned each turn, and is gone), so "build s"
+now counts planning (each turn's new messages rendered and tokenised) and the
+runner's own work (claim, release, metrics) besides parsing, validation and
+the commit. The memory figures count the same objects as before, but for
+each session's template kwargs (``{}``), no longer shared between sessions.
 
 Reported: RSS growth (``/proc/self/status`` VmRSS, after ``gc.collect()`` and
 glibc ``malloc_trim(0)``, so free heap left by start-up is not counted as reuse)
@@ -35,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+import numpy as np
 import orjson
 import trio
 from _common import (
@@ -47,16 +55,15 @@ from _common import (
     tokenizer_path,
     write_json,
 )
-from tito_cost import TOOLS, tool_result, upstream_payload
+from _turns import REPLAY_WORKER, emulator_runner, replay_runner
+from tito_cost import TOOLS, tool_result
 
 from rollout_session import Settings
-from rollout_session.engines.answer import parse_worker_answer
-from rollout_session.engines.upstream import UpstreamReply
+from rollout_session.engines.base import EngineRequest, EngineSession
 from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
-from rollout_session.session.commit import commit_turn
-from rollout_session.session.session import SessionRegistry
-from rollout_session.turn.request import parse_chat_request
-from rollout_session.turn.runner import TurnPolicy, plan_turn
+from rollout_session.session.session import Session
+from rollout_session.testing.replay_engine import Replay
+from rollout_session.turn.runner import TurnRunner
 
 
 def trim() -> None:
@@ -115,47 +122,33 @@ def messages_size(session: Any) -> int:
 
 @dataclasses.dataclass
 class Recorded:
-    body: bytes
-    plan: Any
-    answer: bytes
-    reply: UpstreamReply
+    body: bytes  # the agent's request
+    answer: bytes  # the worker's answer
 
 
 async def prototype(
-    emulator_url: str, tokenizer: ChatTokenizer, policy: TurnPolicy, tokens: int, words: int
-) -> tuple[list[Recorded], Any]:
-    """Run one real conversation until it stores `tokens` tokens."""
-    session = SessionRegistry().create()
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a careful coding agent. " * 20},
-        {"role": "user", "content": "Find out why the build fails and fix it."},
-    ]
+    emulator_url: str, tokenizer: ChatTokenizer, tokens: int, words: int
+) -> tuple[list[Recorded], Session, int | None]:
+    """Run one real conversation until it stores `tokens` tokens; return its
+    turns, the session and the served model's context length."""
     turns: list[Recorded] = []
-    async with httpx.AsyncClient(timeout=300) as client:
+    async with emulator_runner(emulator_url, tokenizer) as runner:
+        session = await runner.store.create(None, metadata=None, ttl_s=None)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a careful coding agent. " * 20},
+            {"role": "user", "content": "Find out why the build fails and fix it."},
+        ]
         turn = 0
         while len(session.trajectory) < tokens:
             turn += 1
             body = orjson.dumps(
                 {"messages": messages, "tools": TOOLS, "tool_choice": "required", "seed": turn}
             )
-            request = parse_chat_request(body)
-            plan = plan_turn(session, request, tokenizer, policy)
-            response = await client.post(
-                f"{emulator_url}/v1/chat/completions",
-                content=upstream_payload(request, plan),
-                headers={"content-type": "application/json"},
-            )
-            response.raise_for_status()
-            reply = UpstreamReply(200, [], response.content, emulator_url, 0.05)
-            answer = parse_worker_answer(
-                reply.body, sent_prompt_tokens=len(plan.input_ids), vocab_size=tokenizer.vocab_size
-            )
-            now = time.time()
-            slot = session.claim(now)
-            commit_turn(session, slot, plan, answer, reply, now)
-            session.release(slot, now)
-            turns.append(Recorded(body, plan, response.content, reply))
-            call = orjson.loads(response.content)["choices"][0]["message"]
+            outcome = await runner.run(session.id, body)
+            if outcome.reply.status != 200:
+                raise SystemExit(f"turn {turn}: worker said {outcome.reply.status}")
+            turns.append(Recorded(body, outcome.reply.body))
+            call = orjson.loads(outcome.reply.body)["choices"][0]["message"]
             messages = [
                 *messages,
                 {
@@ -169,34 +162,30 @@ async def prototype(
                     "content": tool_result(turn, words),
                 },
             ]
-    return turns, session
+        context_length = runner.model.context_length
+    return turns, session, context_length
 
 
-def build(
-    tokenizer: ChatTokenizer,
-    policy: TurnPolicy,
-    recorded: list[Recorded],
-    sessions: int,
-    replan: bool,
-) -> list[Any]:
-    vocab = tokenizer.vocab_size
-    registry = SessionRegistry()
+@dataclasses.dataclass
+class Replayer:
+    """The replay engine's source: the recorded answer of the turn being run."""
+
+    answer: bytes = b""
+
+    def __call__(self, session: EngineSession, request: EngineRequest) -> Replay:
+        return Replay.of_answer(self.answer, request)
+
+
+async def build(
+    runner: TurnRunner, replayer: Replayer, recorded: list[Recorded], sessions: int
+) -> list[Session]:
     built = []
     for _ in range(sessions):
-        session = registry.create()
+        session = await runner.store.create(None, metadata=None, ttl_s=None)
         for rec in recorded:
-            request = parse_chat_request(rec.body)
-            if replan:
-                plan = plan_turn(session, request, tokenizer, policy)
-            else:
-                plan = dataclasses.replace(rec.plan, messages=request.messages, tools=request.tools)
-            answer = parse_worker_answer(
-                rec.answer, sent_prompt_tokens=len(plan.input_ids), vocab_size=vocab
-            )
-            now = time.time()
-            slot = session.claim(now)
-            commit_turn(session, slot, plan, answer, rec.reply, now)
-            session.release(slot, now)
+            replayer.answer = rec.answer
+            outcome = await runner.run(session.id, rec.body)
+            assert outcome.turn is not None
         built.append(session)
     return built
 
@@ -205,18 +194,27 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{load_average()}; {args.sessions} sessions x >= {args.tokens} tokens")
     tokenizer = load_tokenizer(tokenizer_path())
     async with child("emulator", emulator_command("--record-limit", "0")) as emulator:
-        policy = TurnPolicy.of(Settings(workers=(emulator.url,)))
-        recorded, proto = await prototype(
-            emulator.url, tokenizer, policy, args.tokens, args.tool_result_words
+        recorded, proto, context_length = await prototype(
+            emulator.url, tokenizer, args.tokens, args.tool_result_words
         )
     per_session = len(proto.trajectory)
     print(f"prototype: {len(recorded)} turns, {per_session} tokens per session")
-    del proto
+    replayer = Replayer()
+    runner = replay_runner(
+        replayer,
+        tokenizer,
+        Settings(workers=(REPLAY_WORKER,), context_length=context_length),
+    )
+    # Replayed, the turns commit what the prototype's did.
+    check = await build(runner, replayer, recorded, 1)
+    assert np.array_equal(check[0].trajectory.tokens.ids, proto.trajectory.tokens.ids)
+    runner.store.forget(await runner.store.close(check[0].id))
+    del proto, check
 
     gc.collect()
     before = rss_bytes()
     started = time.perf_counter()
-    sessions = build(tokenizer, policy, recorded, args.sessions, args.replan)
+    sessions = await build(runner, replayer, recorded, args.sessions)
     build_s = time.perf_counter() - started
     gc.collect()
     after = rss_bytes()
@@ -317,6 +315,5 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per session (at least)")
     parser.add_argument("--tool-result-words", type=int, default=240)
     parser.add_argument("--baseline-sessions", type=int, default=1000)
-    parser.add_argument("--replan", action="store_true", help="plan_turn for every turn")
     parser.add_argument("--json", type=Path)
     trio.run(main, parser.parse_args())

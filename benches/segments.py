@@ -3,14 +3,20 @@
 Two measurements in one run, in-process, of the server's own turn functions
 (`plan_turn` and `commit_turn`) with the bundled tokenizer and the ``chatml``
 template. The model is simulated: every answer is the template's own
-tokenisation of a text answer (`prompt.model_output.answer_ids`, as the
-emulator and tests/unit/test_segments_property.py sample), so each segment's
-ids are what a real model trained on the template would have produced.
-Timed is the CPU time (``time.process_time``: every thread of the process)
-of planning and committing a turn, median of ``--repeats``; each timed
-commit is undone afterwards (outside the timing), so a session is measured
-in the same state every repeat, and the sides of each comparison take
-turns within every repeat, in a fixed cycle.
+tokenisation of a text answer (`ReplayEngine`'s `Replay.of_text`:
+`prompt.model_output.answer_ids`, as the emulator and
+tests/unit/session/test_segments_property.py sample), so each segment's ids are what
+a real model trained on the template would have produced. The sessions'
+turns are real ones: `TurnRunner.run` in this process with that replay
+engine (benches/_turns.py). Timed on its own is the CPU time
+(``time.process_time``: every thread of the process) of planning and
+committing a turn (`plan_turn`, then `commit_turn` of what the runner
+commits of the same completion, `turn.runner.sampled`), median of
+``--repeats``, not the runner's whole turn (its parse of the body, claim and
+metrics are not counted, as before); each timed commit is undone afterwards
+(outside the timing), so a session is measured in the same state every
+repeat, and the sides of each comparison take turns within every repeat, in
+a fixed cycle.
 
 1. **Starting a segment vs a first turn of the same size.** A session with K
    turns of history (``--sizes``, 8/32/128) gets a request that drops the
@@ -28,7 +34,7 @@ turns within every repeat, in a fixed cycle.
 Each turn's user message is a ~``--user-words`` observation (P3's tool
 result shape: ~44k tokens at turn 128), each answer ~``--answer-words``
 words. At the end, A's current segment's ids are checked equal to B's, and
-B's to the full render of its last request.
+C's to the full render of its last request.
 
     python benches/segments.py
     python benches/segments.py --sizes 8,32 --turns 32 --segment-turns 8   # a quick look
@@ -40,28 +46,28 @@ import argparse
 import gc
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+import trio
 from _common import WORDS, bench_parser, load_average, ms, table, tokenizer_path, write_json
+from _turns import replay_runner
 from tito_cost import tool_result
 
-from rollout_session import Settings
-from rollout_session.engines.answer import WorkerAnswer
-from rollout_session.engines.upstream import UpstreamReply
+from rollout_session.engines.base import EngineRequest, EngineSession
 from rollout_session.prompt.messages import Message
-from rollout_session.prompt.model_output import answer_ids
 from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
-from rollout_session.session.commit import CommitUndo, TurnPlan, commit_turn
+from rollout_session.session.commit import CommitUndo, Sampled, TurnPlan, commit_turn
 from rollout_session.session.segments import Divergence
-from rollout_session.session.session import Session, TurnSlot
+from rollout_session.session.session import Session
+from rollout_session.testing.replay_engine import Replay
 from rollout_session.turn.plan import TurnPolicy, plan_turn
 from rollout_session.turn.request import ChatRequest, parse_chat_request
+from rollout_session.turn.runner import TurnOutcome, TurnRunner, sampled
 
-REPLY = UpstreamReply(200, [], b"", "http://worker", 0.0)
 SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent. " * 20}
 TASK = "Find out why the build fails and fix it."
 NUDGE: Message = {
@@ -70,43 +76,48 @@ NUDGE: Message = {
 }
 
 
-def new_session(name: str) -> Session:
-    session = Session(name, {}, 0.0, 0.0)
-    # The turn slot stays claimed: commit_turn checks it, nothing here releases it.
-    session.slot = TurnSlot(started_at=0.0)
-    return session
+def body_of(messages: list[Message]) -> bytes:
+    """An agent's body sending `messages`."""
+    return orjson.dumps({"model": "m", "messages": messages})
 
 
 def request_of(messages: list[Message]) -> ChatRequest:
     """The request the server would parse from an agent's body."""
-    return parse_chat_request(orjson.dumps({"model": "m", "messages": messages}))
+    return parse_chat_request(body_of(messages))
+
+
+@dataclass
+class Answer:
+    """A simulated answer: the replay the engine gives, and what a turn
+    commits of it (`turn.runner.sampled` of the engine's completion)."""
+
+    message: Message
+    replay: Replay
+    sampled: Sampled
 
 
 @dataclass
 class Model:
-    """A model that samples the template's own tokens for a text answer."""
+    """A model that samples the template's own tokens for a text answer,
+    and the replay engine's source: it replays the answer given last."""
 
     tokenizer: ChatTokenizer
     words: int
     sampled: int = 0
+    next: Replay | None = None
 
-    def answer(self, messages: list[Message]) -> tuple[Message, WorkerAnswer]:
+    def answer(self, messages: list[Message]) -> Answer:
         self.sampled += 1
         n = self.sampled
         text = f"Step {n}: " + " ".join(WORDS[(n * 7 + i) % len(WORDS)] for i in range(self.words))
         message: Message = {"role": "assistant", "content": text}
-        ids = answer_ids(self.tokenizer, messages, message, tools=None, kwargs={})
-        return message, WorkerAnswer(
-            ids=np.asarray(ids, np.int32),
-            logprobs=np.full(len(ids), -0.5, np.float32),
-            content=text,
-            tool_calls=[],
-            reasoning_content=None,
-            finish_reason="stop",
-            cached_tokens=None,
-            weight_version=None,
-            model=None,
-        )
+        replay = Replay.of_text(self.tokenizer, messages, message)
+        # (The prompt's length only goes into the reply's usage, not committed.)
+        return Answer(message, replay, sampled(replay.completion(0)))
+
+    def __call__(self, session: EngineSession, request: EngineRequest) -> Replay:
+        assert self.next is not None
+        return self.next
 
 
 @dataclass
@@ -115,32 +126,28 @@ class Timed:
 
     session: Session
     request: ChatRequest
-    answer: WorkerAnswer
-    plan_s: list[float]
-    commit_s: list[float]
-    total_s: list[float]
+    answer: Answer
+    plan_s: list[float] = field(default_factory=list)
+    commit_s: list[float] = field(default_factory=list)
+    total_s: list[float] = field(default_factory=list)
     plan: TurnPlan | None = None
 
     def run(self, tokenizer: ChatTokenizer, policy: TurnPolicy) -> None:
         session = self.session
         # What the session store keeps to undo a commit the journal refused.
         undo = CommitUndo.of(session, len(session.trajectory.turns))
-        slot = session.slot
-        assert slot is not None
+        slot = session.claim(1.0)
         started = time.process_time()
         plan = plan_turn(session, self.request, tokenizer, policy)
         planned = time.process_time()
-        commit_turn(session, slot, plan, self.answer, REPLY, 1.0)
+        commit_turn(session, slot, plan, self.answer.sampled, 1.0)
         done = time.process_time()
         undo.apply(session)
+        session.release(slot, 1.0)
         self.plan = plan
         self.plan_s.append(planned - started)
         self.commit_s.append(done - planned)
         self.total_s.append(done - started)
-
-
-def timed(session: Session, request: ChatRequest, answer: WorkerAnswer) -> Timed:
-    return Timed(session, request, answer, [], [], [])
 
 
 def alternate(
@@ -159,32 +166,38 @@ def median_ms(values: list[float]) -> float:
     return ms(statistics.median(values))
 
 
-def commit(
-    session: Session,
-    request: ChatRequest,
-    answer: WorkerAnswer,
-    tokenizer: ChatTokenizer,
-    policy: TurnPolicy,
-) -> TurnPlan:
-    """A real turn: plan and commit, kept."""
-    plan = plan_turn(session, request, tokenizer, policy)
-    assert session.slot is not None
-    commit_turn(session, session.slot, plan, answer, REPLY, 1.0)
-    return plan
+@dataclass
+class Turns:
+    """Real turns of the sessions: the server's runner, the simulated model."""
+
+    runner: TurnRunner
+    model: Model
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        return self.runner.tokenizer
+
+    @property
+    def policy(self) -> TurnPolicy:
+        return self.runner.policy
+
+    async def session(self, name: str | None = None) -> Session:
+        return await self.runner.store.create(name, metadata=None, ttl_s=None)
+
+    async def take(self, session: Session, messages: list[Message], answer: Answer) -> TurnOutcome:
+        """A real turn, kept: the agent sends `messages`, the model answers `answer`."""
+        self.model.next = answer.replay
+        outcome = await self.runner.run(session.id, body_of(messages))
+        assert outcome.turn is not None, outcome.reply
+        return outcome
 
 
 def user_message(turn: int, words: int) -> Message:
     return {"role": "user", "content": tool_result(turn, words)}
 
 
-def build_earlier_segments(
-    sessions: list[Session],
-    model: Model,
-    tokenizer: ChatTokenizer,
-    policy: TurnPolicy,
-    segments: int,
-    turns: int,
-    words: int,
+async def build_earlier_segments(
+    sessions: list[Session], server: Turns, segments: int, turns: int, words: int
 ) -> None:
     """`segments` segments of `turns` turns in each of `sessions` (the same
     turns), each segment but the first started by a compacted history (a
@@ -195,36 +208,34 @@ def build_earlier_segments(
             {"role": "user", "content": f"Part {segment} of the work so far, summarised. {TASK}"},
         ]
         for turn in range(1, turns + 1):
-            answer, sampled = model.answer(messages)
-            request = request_of(messages)
+            answer = server.model.answer(messages)
             for session in sessions:
-                plan = commit(session, request, sampled, tokenizer, policy)
+                outcome = await server.take(session, messages, answer)
                 if turn == 1 and segment:
-                    assert plan.branch is not None, "a compacted history starts a segment"
-            messages = [*messages, answer, user_message(1000 * segment + turn, words)]
+                    assert outcome.segment == segment, "a compacted history starts a segment"
+            messages = [*messages, answer.message, user_message(1000 * segment + turn, words)]
     for session in sessions:
         assert len(session.earlier) == max(segments - 1, 0)
 
 
-def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> None:
     print(
         f"{load_average()}; CPU time (process_time), median of {args.repeats}; "
         f"{args.user_words}-word user messages, {args.answer_words}-word answers"
     )
     started = time.perf_counter()
     tokenizer = load_tokenizer(tokenizer_path(), "chatml")
-    policy = TurnPolicy.of(Settings(workers=("http://worker",)))
     model = Model(tokenizer, args.answer_words)
+    turns = Turns(replay_runner(model, tokenizer), model)
+    policy = turns.policy
     # A (earlier segments) and B (none) take the same turns up to --turns,
     # timed on the --show turns; A2 and B2 stop after turn 1, so that turn 2
     # is timed again next to turn --turns at the end. C takes the same turns
     # too and is where measurement 1 starts segments.
-    a, b = new_session("A"), new_session("B")
-    a2, b2 = new_session("A2"), new_session("B2")
-    c = new_session("C")
-    build_earlier_segments(
-        [a, a2], model, tokenizer, policy, args.segments, args.segment_turns, args.user_words
-    )
+    a, b = await turns.session("A"), await turns.session("B")
+    a2, b2 = await turns.session("A2"), await turns.session("B2")
+    c = await turns.session("C")
+    await build_earlier_segments([a, a2], turns, args.segments, args.segment_turns, args.user_words)
     # What `serve` does once start-up is done: long-lived objects out of
     # every later collection.
     gc.collect()
@@ -232,33 +243,33 @@ def main(args: argparse.Namespace) -> None:
 
     start_rows: list[dict[str, Any]] = []
     extend_rows: list[dict[str, Any]] = []
-    at: dict[int, tuple[ChatRequest, WorkerAnswer]] = {}
+    at: dict[int, tuple[ChatRequest, Answer]] = {}
     messages: list[Message] = [SYSTEM, {"role": "user", "content": TASK}]
     for turn in range(1, max(args.turns, *args.sizes) + 1):
-        answer, sampled = model.answer(messages)
+        answer = model.answer(messages)
         request = request_of(messages)
-        at[turn] = request, sampled
+        at[turn] = request, answer
         if turn <= args.turns and (turn in args.show or turn == args.turns):
-            extend_rows.append(extension(a, b, turn, request, sampled, tokenizer, policy, args))
+            extend_rows.append(extension(a, b, turn, request, answer, tokenizer, policy, args))
             print(table(extend_rows[-1:], EXTEND_COLUMNS), flush=True)
         for session in (a, b) if turn < args.turns else ():
-            commit(session, request, sampled, tokenizer, policy)
+            await turns.take(session, messages, answer)
         for session in (a2, b2) if turn == 1 else ():
-            commit(session, request, sampled, tokenizer, policy)
-        commit(c, request, sampled, tokenizer, policy)
+            await turns.take(session, messages, answer)
+        await turns.take(c, messages, answer)
         if turn in args.sizes:
-            start_rows.append(segment_start(c, messages, turn, model, tokenizer, policy, args))
+            start_rows.append(await segment_start(c, messages, turn, turns, args))
             print(table(start_rows[-1:], START_COLUMNS), flush=True)
-        messages = [*messages, answer, user_message(turn, args.user_words)]
+        messages = [*messages, answer.message, user_message(turn, args.user_words)]
 
     # The target's two turns again, side by side: turn 2 of A2 and B2, turn
     # --turns of A and B, the four taking turns within every repeat.
     second, end = at[2], at[args.turns]
     sides = {
-        ("A", 2): timed(a2, *second),
-        ("A", args.turns): timed(a, *end),
-        ("B", 2): timed(b2, *second),
-        ("B", args.turns): timed(b, *end),
+        ("A", 2): Timed(a2, *second),
+        ("A", args.turns): Timed(a, *end),
+        ("B", 2): Timed(b2, *second),
+        ("B", args.turns): Timed(b, *end),
     }
     alternate(list(sides.values()), tokenizer, policy, args.final_repeats)
     ratio_rows: list[dict[str, Any]] = []
@@ -336,13 +347,13 @@ def extension(
     b: Session,
     turn: int,
     request: ChatRequest,
-    sampled: WorkerAnswer,
+    answer: Answer,
     tokenizer: ChatTokenizer,
     policy: TurnPolicy,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """The same turn timed on A (segments present) and B (none)."""
-    with_segments, without = timed(a, request, sampled), timed(b, request, sampled)
+    with_segments, without = Timed(a, request, answer), Timed(b, request, answer)
     alternate([with_segments, without], tokenizer, policy, args.repeats)
     assert with_segments.plan is not None and without.plan is not None
     # A's turn 1 starts its current segment; B's is the session's first.
@@ -363,13 +374,11 @@ def extension(
     }
 
 
-def segment_start(
+async def segment_start(
     session: Session,
     messages: list[Message],
     turns: int,
-    model: Model,
-    tokenizer: ChatTokenizer,
-    policy: TurnPolicy,
+    server: Turns,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """`session` has `turns` turns and last answered `messages`: the agent
@@ -377,10 +386,12 @@ def segment_start(
     sent the same messages first."""
     dropped = [*messages, NUDGE]
     request = request_of(dropped)
-    _, sampled = model.answer(dropped)
-    start = timed(session, request, sampled)
-    first = timed(new_session("fresh"), request, sampled)
-    alternate([start, first], tokenizer, policy, args.repeats)
+    answer = server.model.answer(dropped)
+    start = Timed(session, request, answer)
+    fresh = await server.session()
+    first = Timed(fresh, request, answer)
+    alternate([start, first], server.tokenizer, server.policy, args.repeats)
+    server.runner.store.forget(await server.runner.store.close(fresh.id))
     assert start.plan is not None and first.plan is not None
     assert start.plan.branch is not None
     assert start.plan.branch.reason is Divergence.ANSWER_DROPPED, start.plan.branch
@@ -454,4 +465,4 @@ if __name__ == "__main__":
         help="turns of measurement 2 that are timed and printed",
     )
     parser.add_argument("--json", type=Path)
-    main(parser.parse_args())
+    trio.run(main, parser.parse_args())

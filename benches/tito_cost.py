@@ -3,14 +3,16 @@
 One agent runs ``--turns`` (128) tool turns against a real emulator process:
 every answer is a tool call (``tool_choice: "required"``), every next request
 appends a ~``--tool-result-words`` tool result, so the history reaches tens of
-thousands of tokens. The turn path runs in this process with the server's own
-functions (`parse_chat_request` → `plan_turn` → `upstream_body`, the worker
-call over HTTP, `parse_worker_answer` → `commit_turn`), which is what the
-server's `_turn` does minus the pool. Before committing each turn, the
-prompt-building steps are timed on their own (median of ``--repeats``
-calls; they do not mutate the session), together with the baseline that
-token-in/token-out avoids: re-rendering and re-tokenising the whole
-conversation (`ChatTokenizer.first_turn` over all messages).
+thousands of tokens. Each turn is the server's own: `TurnRunner.run` in this
+process (claim, `parse_chat_request`, `plan_turn`, the ``sglang-chat`` engine
+with a worker pool of the emulator: `chat_body`, the worker call over HTTP,
+`check_answer`; commit), as the server builds it minus the HTTP edge
+(benches/_turns.py). Before each turn, the prompt-building steps are timed
+on their own (median of ``--repeats`` calls; they do not mutate the session),
+together with the baseline that token-in/token-out avoids: re-rendering and
+re-tokenising the whole conversation (`ChatTokenizer.first_turn` over all
+messages); the worker body (`chat_body`) is timed after the turn, on the
+very request the runner handed the engine.
 
 Measured in-process rather than over HTTP because the quantity is a few
 milliseconds of CPU that loopback, the emulator and the event loop would
@@ -32,7 +34,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import orjson
 import trio
@@ -49,16 +50,13 @@ from _common import (
     tokenizer_path,
     write_json,
 )
+from _turns import Recorder, emulator_runner
 
-from rollout_session import Settings
-from rollout_session.engines.answer import parse_worker_answer
-from rollout_session.engines.upstream import UpstreamReply
+from rollout_session.engines.sglang_chat.engine import chat_body
 from rollout_session.prompt.messages import common_prefix
 from rollout_session.prompt.tokenizer import load_tokenizer
-from rollout_session.session.commit import commit_turn
-from rollout_session.session.session import SessionRegistry
+from rollout_session.turn.plan import plan_turn
 from rollout_session.turn.request import parse_chat_request
-from rollout_session.turn.runner import TurnPolicy, plan_turn, upstream_body
 
 TOOLS = [
     {
@@ -97,132 +95,105 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def upstream_payload(request: Any, plan: Any) -> bytes:
-    try:
-        return upstream_body(request, plan, None, session_hint=None, routed_experts=False)
-    except TypeError:  # older signature: (request, plan, model, session_hint)
-        return upstream_body(request, plan, None, None)  # type: ignore[call-arg]
-
-
 async def main(args: argparse.Namespace) -> None:
     print(f"{load_average()}; {args.turns} tool turns, median of {args.repeats} per step")
     emulator_flags = ["--context-length", str(args.context_length), "--record-limit", "0"]
     if args.chat_template:
         emulator_flags += ["--chat-template", args.chat_template]
-    async with child("emulator", emulator_command(*emulator_flags)) as emulator:
-        tokenizer = load_tokenizer(tokenizer_path(), args.chat_template)
-        policy = TurnPolicy.of(Settings(workers=(emulator.url,)))
-        session = SessionRegistry().create()
+    tokenizer = load_tokenizer(tokenizer_path(), args.chat_template)
+    async with (
+        child("emulator", emulator_command(*emulator_flags)) as emulator,
+        emulator_runner(emulator.url, tokenizer) as runner,
+    ):
+        recorder = runner.engine
+        assert isinstance(recorder, Recorder)
+        policy = runner.policy
+        session = await runner.store.create(None, metadata=None, ttl_s=None)
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": "You are a careful coding agent. " * 20},
             {"role": "user", "content": "Find out why the build fails and fix it."},
         ]
         rows: list[dict[str, Any]] = []
-        async with httpx.AsyncClient(timeout=300) as client:
-            for turn in range(1, args.turns + 1):
-                body = orjson.dumps(
-                    {
-                        "messages": messages,
-                        "tools": TOOLS,
-                        "tool_choice": "required",
-                        "max_tokens": 512,
-                        "seed": turn,
-                    }
-                )
-                request = parse_chat_request(body)
-                plan = plan_turn(session, request, tokenizer, policy)
-                history = len(session.trajectory)
-                row: dict[str, Any] = {
-                    "turn": turn,
-                    "history tokens": history,
-                    "messages": len(request.messages),
-                    "new tokens": len(plan.prompt_ids),
-                    "body KiB": len(body) / 1024,
+        for turn in range(1, args.turns + 1):
+            body = orjson.dumps(
+                {
+                    "messages": messages,
+                    "tools": TOOLS,
+                    "tool_choice": "required",
+                    "max_tokens": 512,
+                    "seed": turn,
                 }
-                row["parse ms"] = ms(median_time(partial(parse_chat_request, body), args.repeats))
-                row["plan ms"] = ms(
+            )
+            request = parse_chat_request(body)
+            plan = plan_turn(session, request, tokenizer, policy)
+            history = len(session.trajectory)
+            row: dict[str, Any] = {
+                "turn": turn,
+                "history tokens": history,
+                "messages": len(request.messages),
+                "new tokens": len(plan.prompt_ids),
+                "body KiB": len(body) / 1024,
+            }
+            row["parse ms"] = ms(median_time(partial(parse_chat_request, body), args.repeats))
+            row["plan ms"] = ms(
+                median_time(
+                    partial(plan_turn, session, request, tokenizer, policy),
+                    args.repeats,
+                )
+            )
+            if turn > 1:
+                end = session.trajectory.turns[-1].messages_end
+                previous = session.conversation.message(end - 1)
+                new = request.messages[end:]
+                row["render new ms"] = ms(
                     median_time(
-                        partial(plan_turn, session, request, tokenizer, policy),
+                        partial(tokenizer.junction, previous, new, tools=request.tools, kwargs={}),
                         args.repeats,
                     )
                 )
-                if turn > 1:
-                    end = session.trajectory.turns[-1].messages_end
-                    previous = session.conversation.message(end - 1)
-                    new = request.messages[end:]
-                    row["render new ms"] = ms(
-                        median_time(
-                            partial(
-                                tokenizer.junction, previous, new, tools=request.tools, kwargs={}
-                            ),
-                            args.repeats,
-                        )
-                    )
-                    row["match history ms"] = ms(
-                        median_time(
-                            partial(common_prefix, session.messages, request.messages),
-                            args.repeats,
-                        )
-                    )
-                row["upstream body ms"] = ms(
-                    median_time(partial(upstream_payload, request, plan), args.repeats)
-                )
-                row["TITO total ms"] = row["parse ms"] + row["plan ms"] + row["upstream body ms"]
-                row["full re-render ms"] = ms(
+                row["match history ms"] = ms(
                     median_time(
-                        partial(
-                            tokenizer.first_turn, request.messages, tools=request.tools, kwargs={}
-                        ),
-                        max(1, args.repeats // 2),
+                        partial(common_prefix, session.messages, request.messages),
+                        args.repeats,
                     )
                 )
-                rows.append(row)
-                # The real turn: worker call, validation, commit.
-                payload = upstream_payload(request, plan)
-                started = time.perf_counter()
-                response = await client.post(
-                    f"{emulator.url}/v1/chat/completions",
-                    content=payload,
-                    headers={"content-type": "application/json"},
+            row["full re-render ms"] = ms(
+                median_time(
+                    partial(tokenizer.first_turn, request.messages, tools=request.tools, kwargs={}),
+                    max(1, args.repeats // 2),
                 )
-                if response.status_code != 200:
-                    raise SystemExit(
-                        f"turn {turn}: worker said {response.status_code}: {response.text[:300]}"
-                    )
-                reply = UpstreamReply(
-                    status=200,
-                    headers=[],
-                    body=response.content,
-                    worker=emulator.url,
-                    latency_s=time.perf_counter() - started,
+            )
+            # The real turn: the runner (plan, worker call, validation, commit).
+            outcome = await runner.run(session.id, body)
+            if outcome.reply.status != 200:
+                raise SystemExit(
+                    f"turn {turn}: worker said {outcome.reply.status}: {outcome.reply.body[:300]!r}"
                 )
-                answer = parse_worker_answer(
-                    reply.body,
-                    sent_prompt_tokens=len(plan.input_ids),
-                    vocab_size=tokenizer.vocab_size,
-                )
-                now = time.time()
-                slot = session.claim(now)
-                try:
-                    commit_turn(session, slot, plan, answer, reply, now)
-                finally:
-                    session.release(slot, now)
-                call = orjson.loads(response.content)["choices"][0]["message"]
-                messages = [
-                    *messages,
-                    {
-                        "role": "assistant",
-                        "content": call.get("content"),
-                        "tool_calls": call.get("tool_calls"),
-                    },
-                    {
-                        "role": "tool",
-                        "tool_call_id": (call.get("tool_calls") or [{}])[0].get("id"),
-                        "content": tool_result(turn, args.tool_result_words),
-                    },
-                ]
-                if turn in args.show or turn == args.turns:
-                    print(table([row], _COLUMNS), flush=True)
+            # The worker's body, built from the request the runner handed the engine.
+            sent, _ = recorder.completion()
+            assert np.array_equal(sent.input_ids, plan.input_ids), "the runner planned otherwise"
+            model = runner.model.upstream_name(request.raw.get("model"))
+            row["upstream body ms"] = ms(
+                median_time(partial(chat_body, sent, model, session_hint=None), args.repeats)
+            )
+            row["TITO total ms"] = row["parse ms"] + row["plan ms"] + row["upstream body ms"]
+            rows.append(row)
+            call = orjson.loads(outcome.reply.body)["choices"][0]["message"]
+            messages = [
+                *messages,
+                {
+                    "role": "assistant",
+                    "content": call.get("content"),
+                    "tool_calls": call.get("tool_calls"),
+                },
+                {
+                    "role": "tool",
+                    "tool_call_id": (call.get("tool_calls") or [{}])[0].get("id"),
+                    "content": tool_result(turn, args.tool_result_words),
+                },
+            ]
+            if turn in args.show or turn == args.turns:
+                print(table([row], _COLUMNS), flush=True)
         # The TITO invariant over the whole conversation: stored ids == full render.
         last = session.trajectory.turns[-1]
         stored = session.trajectory.tokens.ids[: last.completion_start]

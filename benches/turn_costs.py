@@ -4,17 +4,25 @@ Complements P1 (``large_turns.py``), whose numbers on a shared 2-core machine
 move with whatever else runs: this measures CPU time of each step of the
 server's turn path on the P1 shape, single-threaded, median of ``--repeats``.
 A real emulator process (``--completion-tokens`` 30k) answers two turns of
-one session built through the server's own functions; then each step of the
-second turn is timed again on its own:
+one session, each run by the server's own `TurnRunner` in this process (the
+``sglang-chat`` engine with a worker pool of the emulator,
+benches/_turns.py); then each step of the second turn is timed again on its
+own, with the inputs the runner used:
 
 - ``parse_chat_request`` of the agent's body (it carries the 30k-token answer
-  back as history), ``plan_turn`` (token-in/token-out append), ``upstream_body``;
+  back as history) and ``plan_turn`` (token-in/token-out append), both on the
+  session as it was before the turn; ``upstream_body``: `chat_body` of the
+  `EngineRequest` the runner handed the engine;
 - ``parse_worker_answer`` (strict msgspec validation + id/logprob extraction)
   next to ``orjson.loads`` alone, and what-if decoders: entries without the
   ``text`` field, entries as tuples; and the same on an SGLang-like answer
   whose entries carry the token text (as real SGLang sends, ~1 MiB);
-- ``commit_turn``; the export of the 60k-token session (``export_document`` +
-  ``serialize``, what DELETE does).
+- ``commit_turn`` of the turn's plan and what the runner made of the
+  engine's completion (`turn.runner.sampled`): the runner's commit is undone
+  and the turn committed again, each repeat undone outside the timing (so
+  the truncation earlier versions timed with it is not counted: a few µs);
+  the export of the 60k-token session (``export_document`` + ``serialize``,
+  what DELETE does).
 
     python benches/turn_costs.py
 """
@@ -29,7 +37,6 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import msgspec
 import numpy as np
 import orjson
@@ -43,17 +50,20 @@ from _common import (
     tokenizer_path,
     write_json,
 )
-from tito_cost import upstream_payload
+from _turns import Recorder, emulator_runner
 
-from rollout_session import Settings
-from rollout_session.engines.answer import LOGPROB_EPSILON, answer_decoder, parse_worker_answer
-from rollout_session.engines.upstream import UpstreamReply
+from rollout_session.engines.sglang_chat.answer import (
+    LOGPROB_EPSILON,
+    answer_decoder,
+    parse_worker_answer,
+)
+from rollout_session.engines.sglang_chat.engine import chat_body
 from rollout_session.export.document import export_document, serialize
 from rollout_session.prompt.tokenizer import load_tokenizer
-from rollout_session.session.commit import commit_turn
-from rollout_session.session.session import SessionRegistry
+from rollout_session.session.commit import CommitUndo, commit_turn
+from rollout_session.turn.plan import plan_turn
 from rollout_session.turn.request import parse_chat_request
-from rollout_session.turn.runner import TurnPolicy, plan_turn
+from rollout_session.turn.runner import sampled
 
 
 def median_ms(fn: Callable[[], Any], repeats: int) -> float:
@@ -118,60 +128,63 @@ async def main(args: argparse.Namespace) -> None:
 
     async with (
         child("emulator", emulator_command(*flags, "--record-limit", "0")) as emulator,
-        httpx.AsyncClient(timeout=300) as client,
+        emulator_runner(emulator.url, tokenizer) as runner,
     ):
-        policy = TurnPolicy.of(Settings(workers=(emulator.url,)))
-        session = SessionRegistry().create()
+        recorder = runner.engine
+        assert isinstance(recorder, Recorder)
+        policy = runner.policy
+        session = await runner.store.create(None, metadata=None, ttl_s=None)
         messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a long essay."}]
         for turn in range(2):
             body = orjson.dumps({"messages": messages, "max_tokens": args.completion_tokens})
-            request = parse_chat_request(body)
-            plan = plan_turn(session, request, tokenizer, policy)
-            payload = upstream_payload(request, plan)
-            response = await client.post(
-                f"{emulator.url}/v1/chat/completions",
-                content=payload,
-                headers={"content-type": "application/json"},
-            )
-            response.raise_for_status()
-            answer_body = response.content
-            vocab = tokenizer.vocab_size
-            sent = len(plan.input_ids)
-            if turn == 1:  # time the second turn's steps before committing it
+            if turn == 1:  # time the second turn's steps before the runner runs it
+                request = parse_chat_request(body)
                 row("agent body", len(body) / 2**20, "MiB (history incl. the 30k-token answer)")
                 row(
                     "parse_chat_request", median_ms(partial(parse_chat_request, body), args.repeats)
                 )
                 plan_call = partial(plan_turn, session, request, tokenizer, policy)
                 row("plan_turn", median_ms(plan_call, args.repeats))
+                plan = plan_call()
+                # What the session store keeps to undo a commit.
+                undo = CommitUndo.before(session, plan)
+            outcome = await runner.run(session.id, body)
+            if outcome.reply.status != 200:
+                raise SystemExit(f"turn {turn}: worker said {outcome.reply.status}")
+            sent, completion = recorder.completion()
+            answer_body = completion.reply.body
+            vocab = sent.vocab_size
+            if turn == 1:
+                assert np.array_equal(sent.input_ids, plan.input_ids), (
+                    "the runner planned otherwise"
+                )
+                model = runner.model.upstream_name(request.raw.get("model"))
                 row(
                     "upstream_body",
-                    median_ms(partial(upstream_payload, request, plan), args.repeats),
+                    median_ms(partial(chat_body, sent, model, session_hint=None), args.repeats),
                 )
-            answer = parse_worker_answer(answer_body, sent_prompt_tokens=sent, vocab_size=vocab)
-            reply = UpstreamReply(200, [], answer_body, emulator.url, 0.1)
-            now = time.time()
-            slot = session.claim(now)
-            if turn == 1:
-                keep = session.trajectory.length_after(1)
-
-                def commit_again(
-                    keep: int = keep, bound: tuple[Any, ...] = (slot, plan, answer, reply, now)
-                ) -> None:
-                    session.trajectory.tokens.truncate(keep)
-                    del session.trajectory.turns[1:]
-                    commit_turn(session, *bound)
-
-                row("commit_turn", median_ms(commit_again, args.repeats), "30k sampled tokens")
-            else:
-                commit_turn(session, slot, plan, answer, reply, now)
-            session.release(slot, now)
+                # The runner's commit taken back, then the same turn committed
+                # again: each repeat is undone outside the timing, the last kept.
+                undo.apply(session)
+                slot = runner.store.claim(session)
+                turn_sampled = sampled(completion)
+                times = []
+                for repeat in range(args.repeats):
+                    if repeat:
+                        undo.apply(session)
+                    now = time.time()
+                    started = time.perf_counter()
+                    commit_turn(session, slot, plan, turn_sampled, now)
+                    times.append(time.perf_counter() - started)
+                session.release(slot, time.time())
+                row("commit_turn", 1000 * statistics.median(times), "30k sampled tokens")
             message = orjson.loads(answer_body)["choices"][0]["message"]
             messages = [
                 *messages,
                 {"role": "assistant", "content": message["content"]},
                 {"role": "user", "content": "Continue."},
             ]
+    sent_tokens = len(sent.input_ids)
 
     # Validation of the worker's answer, current and what-if.
     sglang_like = with_text(answer_body, tokenizer)
@@ -184,7 +197,7 @@ async def main(args: argparse.Namespace) -> None:
         row(
             f"[{label}] parse_worker_answer",
             median_ms(
-                partial(parse_worker_answer, raw, sent_prompt_tokens=sent, vocab_size=vocab),
+                partial(parse_worker_answer, raw, sent_prompt_tokens=sent_tokens, vocab_size=vocab),
                 args.repeats,
             ),
             "current: decode + extract",

@@ -110,7 +110,9 @@ async def compare(base: str, warm: int, results: Results) -> None:
     worker = WorkerClient(base, max_connections=64, timeout_s=600, connect_timeout_s=5)
 
     async def via_worker_client() -> None:
-        await worker.request(b"POST", "/v1/chat/completions", list(headers), PAYLOAD)
+        await worker.request(
+            b"POST", "/v1/chat/completions", list(headers), PAYLOAD, max_bytes=1 << 20
+        )
 
     results.setdefault(("WorkerClient", warm), []).append(await bench(via_worker_client, warm))
     await worker.aclose()

@@ -1,6 +1,6 @@
 """Server settings: one frozen dataclass, validated on construction.
 
-The CLI (``cli.py``) builds it from flags and ``ROLLOUT_SESSION_*`` variables;
+The CLI (``cli/options.py``) builds it from flags and ``ROLLOUT_SESSION_*`` variables;
 tests and embedders build it directly. Nothing else reads the environment.
 """
 
@@ -8,28 +8,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from .engines.kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, KvMode, is_priority
 from .engines.placement import PLACEMENTS
+from .engines.pool import PoolOptions
+from .engines.served_model import UPSTREAM_MODEL_AGENT, UPSTREAM_MODEL_SERVED
 from .engines.worker_urls import WorkerHosts, worker_url
+from .prompt.messages import KNOWN_ROLES
 from .session.segments import OnDivergence, PromptMode
+from .session.store import JournalOptions
+from .turn.plan import TurnPolicy
 
-__all__ = ["KNOWN_ROLES", "UPSTREAM_MODEL_AGENT", "UPSTREAM_MODEL_SERVED", "Settings"]
+__all__ = ["Settings"]
 
-# Roles a request may carry. "developer" is OpenAI's newer name for system.
 ON_DIVERGENCE = tuple(p.value for p in OnDivergence)
 PROMPT_MODES = tuple(m.value for m in PromptMode)
-KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # --max-answer-mb's default: far above any chat answer without routed
 # experts; with them an answer carries ~5 bytes per layer and expert slot for
 # each new position (docs/reliability.md#worker-answers).
 _MAX_ANSWER_MB = 64.0
 _MAX_ANSWER_MB_EXPERTS = 1024.0
-# --upstream-model's keywords; any other value is a model name sent as is.
-UPSTREAM_MODEL_SERVED = "served"
-UPSTREAM_MODEL_AGENT = "agent"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +40,7 @@ class Settings:
     # SGLang base URLs, e.g. "http://10.0.0.5:30000" (no trailing /v1).
     workers: tuple[str, ...] = ()
     # Hosts a worker URL may name (names, addresses, CIDR networks, each with
-    # an optional :port); None = any (worker_urls.py).
+    # an optional :port); None = any (engines/worker_urls.py).
     worker_hosts: frozenset[str] | None = None
     # HF tokenizer directory; None = ask the first worker's /get_model_info.
     tokenizer: str | None = None
@@ -147,7 +148,7 @@ class Settings:
     # one; this server is `fleet[shard]`. Empty: a server on its own.
     fleet: tuple[str, ...] = ()
     shard: int = 0
-    # `serve --processes N`: start N shards on this host (fleet_processes.py).
+    # `serve --processes N`: start N shards on this host (fleet/processes.py).
     processes: int = 1
     demo: bool = False
     demo_workers: int = 1
@@ -268,6 +269,52 @@ class Settings:
     def allowed_worker_hosts(self) -> WorkerHosts | None:
         """The parsed `worker_hosts` (ValueError if one is not a host)."""
         return None if self.worker_hosts is None else WorkerHosts.parse(self.worker_hosts)
+
+    # -- each wing's options: the services never see Settings -----------------
+
+    def pool_options(self) -> PoolOptions:
+        return PoolOptions(
+            placement=self.placement,
+            allowed_worker_hosts=self.allowed_worker_hosts,
+            health_interval_s=self.health_interval_s,
+            health_timeout_s=self.health_timeout_s,
+            unhealthy_after=self.unhealthy_after,
+            healthy_after=self.healthy_after,
+            circuit_failures=self.circuit_failures,
+            circuit_successes=self.circuit_successes,
+            circuit_open_s=self.circuit_open_s,
+            upstream_max_connections=self.upstream_max_connections,
+            upstream_timeout_s=self.upstream_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            max_answer_bytes=self.max_answer_bytes,
+            sends_session_hints=self.sends_session_hints,
+            fixed_upstream_model=self.fixed_upstream_model,
+        )
+
+    def turn_policy(self, in_place_roles: frozenset[str] = frozenset()) -> TurnPolicy:
+        """`in_place_roles`: those the start-up template check found rendered
+        in place exactly (they join --append-roles)."""
+        return TurnPolicy(
+            append_roles=self.append_roles | in_place_roles,
+            max_rollback_turns=self.max_rollback_turns,
+            chat_template_kwargs=self.chat_template_kwargs,
+            on_divergence=OnDivergence(self.on_divergence),
+            prompt_mode=PromptMode(self.prompt_mode),
+            max_segments=self.max_segments,
+            max_session_tokens=self.max_session_tokens,
+            default_priority=self.default_priority,
+            routed_experts=self.routed_experts,
+        )
+
+    def journal_options(self) -> JournalOptions | None:
+        if self.journal is None:
+            return None
+        return JournalOptions(
+            Path(self.journal),
+            fsync=self.journal_fsync,
+            fsync_interval_s=self.journal_fsync_interval_s,
+            retry_s=self.journal_retry_s,
+        )
 
     @property
     def offload_threshold_bytes(self) -> int:

@@ -2,7 +2,7 @@
 
 Like httpx's ``_exceptions``: one base class, one subclass per failure, each
 carrying its HTTP ``status_code`` and its stable ``code`` (docs/api.md#errors). The HTTP
-edge (`http_edge.error_response`) turns any of them into the OpenAI error body
+edge (`http.edge.error_response`) turns any of them into the OpenAI error body
 ``{"error": {"message", "type", "code", "param"}}`` so the official SDK raises
 the matching exception with our message.
 

@@ -19,7 +19,7 @@ not draining. Two independent judgements, each with its own state:
   restarted with another model never comes back).
 - **Circuit** (`Circuit`), from real traffic. ``circuit_failures`` failed
   turns in a row — transport errors, 5xx answers, answers over
-  ``--max-answer-mb``, and answers that fail validation (the turn path calls
+  ``--max-answer-mb``, and answers that fail validation (the engine calls
   `report_failure`) — open it. After ``circuit_open_s`` it is half-open:
   the pool itself sends one-token chat probes (agents' turns never test a
   worker) until ``circuit_successes`` in a row close it or one failure
@@ -49,7 +49,6 @@ from typing import Any
 import httpx
 import trio
 
-from ..config import Settings
 from ..errors import (
     InvalidRequest,
     NoHealthyWorker,
@@ -59,9 +58,9 @@ from ..errors import (
     WorkerExists,
     WorkerNotFound,
 )
-from ..session.session import Session
-from .answer import parse_worker_answer
+from .base import EngineSession
 from .placement import make_placement
+from .sglang_chat.answer import parse_worker_answer
 from .upstream import (
     PROBE_SESSION,
     ModelInfo,
@@ -72,11 +71,34 @@ from .upstream import (
     fetch_model_info,
     post_chat,
 )
-from .worker_urls import parse_worker_url, worker_url
+from .worker_urls import WorkerHosts, parse_worker_url, worker_url
 
-__all__ = ["Circuit", "Health", "Worker", "WorkerPool"]
+__all__ = ["Circuit", "Health", "PoolOptions", "Worker", "WorkerPool"]
 
 logger = logging.getLogger("rollout_session")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolOptions:
+    """What the pool follows, fixed for the app (built by `Settings.pool_options`;
+    each field is the flag of the same name, docs/reliability.md#workers)."""
+
+    placement: str = "sticky-least-loaded"
+    allowed_worker_hosts: WorkerHosts | None = None  # None = any host
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 2.0
+    unhealthy_after: int = 3
+    healthy_after: int = 2
+    circuit_failures: int = 5
+    circuit_successes: int = 2
+    circuit_open_s: float = 30.0
+    upstream_max_connections: int = 64
+    upstream_timeout_s: float = 600.0
+    connect_timeout_s: float = 5.0
+    max_answer_bytes: int = 64 << 20
+    sends_session_hints: bool = False  # --kv-sessions hint
+    fixed_upstream_model: str | None = None  # --upstream-model NAME (not a keyword)
+
 
 # The chat probe's answer is checked like a turn's, but the pool does not
 # know the vocabulary: any non-negative id passes.
@@ -162,11 +184,11 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
-        self._settings = settings
+    def __init__(self, options: PoolOptions, clock: Callable[[], float] = time.time) -> None:
+        self._options = options
         self._clock = clock
-        self._placement = make_placement(settings.placement)
-        self._allowed_hosts = settings.allowed_worker_hosts
+        self._placement = make_placement(options.placement)
+        self._allowed_hosts = options.allowed_worker_hosts
         self.workers: dict[str, Worker] = {}
         # The served model: learned from the first worker that passed an
         # admission check; every worker must list it.
@@ -176,7 +198,7 @@ class WorkerPool:
         # environment cannot make a worker look dead, or alive, to one only.
         self._probe_client = httpx.AsyncClient(
             trust_env=False,
-            timeout=settings.health_timeout_s,
+            timeout=options.health_timeout_s,
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         )
         self._nursery: trio.Nursery | None = None
@@ -198,12 +220,12 @@ class WorkerPool:
             raise InvalidRequest(str(exc), param="url") from None
         if url in self.workers:
             raise WorkerExists(f"worker {url} is already in the pool")
-        settings = self._settings
+        options = self._options
         client = WorkerClient(
             url,
-            max_connections=settings.upstream_max_connections,
-            timeout_s=settings.upstream_timeout_s,
-            connect_timeout_s=settings.connect_timeout_s,
+            max_connections=options.upstream_max_connections,
+            timeout_s=options.upstream_timeout_s,
+            connect_timeout_s=options.connect_timeout_s,
         )
         worker = self.workers[url] = Worker(url=url, client=client)
         if self._nursery is not None and self.served is not None:
@@ -261,10 +283,10 @@ class WorkerPool:
 
     # -- dispatch ----------------------------------------------------------------
 
-    def _pin(self, session: Session, exclude: str | None = None) -> Worker:
+    def _pin(self, session: EngineSession, exclude: str | None = None) -> Worker:
         candidates = self._eligible(exclude)
         if not candidates:
-            retry = max(1, math.ceil(self._settings.health_interval_s))
+            retry = max(1, math.ceil(self._options.health_interval_s))
             raise NoHealthyWorker("no healthy worker is available", retry_after_s=retry)
         chosen = self._placement.choose(session.id, session.worker, candidates)
         assert isinstance(chosen, Worker)
@@ -278,13 +300,13 @@ class WorkerPool:
             session.worker = chosen.url
         return chosen
 
-    def adopt(self, session: Session) -> None:
+    def adopt(self, session: EngineSession) -> None:
         """Count a session restored with its pin (journal replay)."""
         worker = self.workers.get(session.worker) if session.worker else None
         if worker is not None:
             worker.active_sessions += 1
 
-    def release_session(self, session: Session) -> None:
+    def release_session(self, session: EngineSession) -> None:
         """The session is gone: unpin it and, if enabled, free its KV at once.
         Idempotent: an expired session that is then collected is released once."""
         worker = self.workers.get(session.worker) if session.worker else None
@@ -297,7 +319,7 @@ class WorkerPool:
     def _close_remote(self, worker: Worker, session_id: str) -> None:
         """With --kv-sessions hint, drop the session's reference to its KV on
         `worker` now (in the background), so SGLang may evict it first."""
-        if self._settings.sends_session_hints and self._nursery is not None:
+        if self._options.sends_session_hints and self._nursery is not None:
             self._nursery.start_soon(self._close_remote_session, worker.url, session_id)
 
     async def _close_remote_session(self, url: str, session_id: str) -> None:
@@ -315,16 +337,16 @@ class WorkerPool:
         if not 200 <= status < 300:
             self._control_failed(url, call, f"answered {status}")
 
-    async def close_remote_sessions(self, sessions: Iterable[Session]) -> None:
+    async def close_remote_sessions(self, sessions: Iterable[EngineSession]) -> None:
         """Server shutdown, with --kv-sessions hint: close every session's
         worker-side session now, concurrently and within the health timeout
         (best effort: what is left stays referenced until the worker evicts it)."""
-        if not self._settings.sends_session_hints:
+        if not self._options.sends_session_hints:
             return
         pinned = [(s.worker, s.id) for s in sessions if s.worker is not None]
         if not pinned:
             return
-        with trio.move_on_after(self._settings.health_timeout_s) as scope:
+        with trio.move_on_after(self._options.health_timeout_s) as scope:
             scope.shield = True
             async with trio.open_nursery() as nursery:
                 for url, session_id in pinned:
@@ -338,7 +360,7 @@ class WorkerPool:
         """With --kv-sessions hint, warn (once per worker) when the worker
         does not say it runs --enable-session-radix-cache: without it SGLang
         ignores the hints, and nothing else would tell the operator."""
-        if not self._settings.sends_session_hints or worker.url in self._hints_asked:
+        if not self._options.sends_session_hints or worker.url in self._hints_asked:
             return
         self._hints_asked.add(worker.url)
         if self._nursery is not None:
@@ -386,15 +408,15 @@ class WorkerPool:
         )
 
     async def _send(self, worker: Worker, session_id: str, payload: bytes) -> UpstreamReply:
-        settings = self._settings
+        options = self._options
         worker.inflight += 1
         try:
             reply = await post_chat(
                 worker.client,
                 session_id,
                 payload,
-                settings.upstream_timeout_s,
-                settings.max_answer_bytes,
+                options.upstream_timeout_s,
+                options.max_answer_bytes,
             )
         except (NotSent, UpstreamError, UpstreamMalformed) as exc:
             # UpstreamTimeout is not caught here: slowness is not death.
@@ -408,14 +430,14 @@ class WorkerPool:
         if reply.status >= 500:
             logger.info("worker %s answered a turn with %d", worker.url, reply.status)
             self._turn_failed(worker, f"answered a turn with {reply.status}")
-        # A 200 counts once validated: the turn path reports it.
+        # A 200 counts once validated: the engine reports it.
         return reply
 
-    async def chat(self, session: Session, payload: bytes) -> UpstreamReply:
+    async def chat(self, session: EngineSession, payload: bytes) -> UpstreamReply:
         """Send a turn to the session's worker (pinning or re-pinning it).
 
         A 200 is neither a success nor a failure of the worker until the
-        turn path has validated it: it then calls `report_success` or
+        engine has validated it: it then calls `report_success` or
         `report_failure` with ``reply.worker``."""
         worker = self._pin(session)
         try:
@@ -451,7 +473,7 @@ class WorkerPool:
         if worker.circuit is not Circuit.CLOSED:
             return  # a turn sent before the circuit opened
         worker.circuit_failures += 1
-        if worker.circuit_failures >= self._settings.circuit_failures:
+        if worker.circuit_failures >= self._options.circuit_failures:
             self._open_circuit(worker)
 
     def _open_circuit(self, worker: Worker) -> None:
@@ -462,7 +484,7 @@ class WorkerPool:
             "worker %s: circuit open (%s); no new turns for %g s",
             worker.url,
             worker.last_error,
-            self._settings.circuit_open_s,
+            self._options.circuit_open_s,
         )
         self._notify()
 
@@ -470,7 +492,7 @@ class WorkerPool:
         """Open long enough → half-open; half-open → one chat probe at a time."""
         if (
             worker.circuit is Circuit.OPEN
-            and trio.current_time() - worker.circuit_opened_at >= self._settings.circuit_open_s
+            and trio.current_time() - worker.circuit_opened_at >= self._options.circuit_open_s
         ):
             worker.circuit = Circuit.HALF_OPEN
             worker.circuit_successes = 0
@@ -484,19 +506,19 @@ class WorkerPool:
             and self._nursery is not None
         ):
             worker.chat_probing = True
-            model = self._settings.fixed_upstream_model or self.served.model
+            model = self._options.fixed_upstream_model or self.served.model
             self._nursery.start_soon(self._probe_chat, worker, model)
 
     async def _probe_chat(self, worker: Worker, model: str) -> None:
-        settings = self._settings
+        options = self._options
         reason: str | None = None
         try:
             reply = await post_chat(
                 worker.client,
                 PROBE_SESSION,
                 chat_probe_body(model),
-                settings.upstream_timeout_s,
-                settings.max_answer_bytes,
+                options.upstream_timeout_s,
+                options.max_answer_bytes,
             )
             if reply.status != 200:
                 reason = f"chat probe answered {reply.status}"
@@ -513,7 +535,7 @@ class WorkerPool:
             self._open_circuit(worker)
             return
         worker.circuit_successes += 1
-        if worker.circuit_successes >= settings.circuit_successes:
+        if worker.circuit_successes >= options.circuit_successes:
             worker.circuit = Circuit.CLOSED
             worker.circuit_failures = 0
             logger.info("worker %s: circuit closed; it takes turns again", worker.url)
@@ -524,13 +546,13 @@ class WorkerPool:
     def _record(self, worker: Worker, *, ok: bool, reason: str | None = None) -> None:
         """One probe's outcome: a /health probe of a healthy worker, or an
         admission check of any other."""
-        settings = self._settings
+        options = self._options
         if ok:
             worker.consecutive_successes += 1
             worker.consecutive_failures = 0
             if worker.health is Health.JOINING or (
                 worker.health is Health.UNHEALTHY
-                and worker.consecutive_successes >= settings.healthy_after
+                and worker.consecutive_successes >= options.healthy_after
             ):
                 joined = worker.health is Health.JOINING
                 worker.health = Health.HEALTHY
@@ -548,7 +570,7 @@ class WorkerPool:
             worker.last_error = reason
             if (
                 worker.health is Health.HEALTHY
-                and worker.consecutive_failures >= settings.unhealthy_after
+                and worker.consecutive_failures >= options.unhealthy_after
             ):
                 worker.health = Health.UNHEALTHY
                 logger.warning("worker %s marked unhealthy", worker.url)
@@ -572,7 +594,7 @@ class WorkerPool:
     async def _health_failure(self, worker: Worker) -> str | None:
         """Why `GET /health` failed (logged when it changes: `_record`), None
         when it answered 200."""
-        timeout = self._settings.health_timeout_s
+        timeout = self._options.health_timeout_s
         try:
             with trio.fail_after(timeout):
                 # The status is the answer; a body is never read.
@@ -593,13 +615,13 @@ class WorkerPool:
     async def _check(self, worker: Worker, found: dict[Worker, ModelInfo | str]) -> None:
         """An admission check: /health, then what the worker serves (into
         `found`: its model card, or why it is not an SGLang worker)."""
-        settings = self._settings
+        options = self._options
         failure = await self._health_failure(worker)
         if failure is not None:
             found[worker] = failure
         else:
             # Two small GETs: a probe's budget each, plus connecting.
-            deadline = settings.connect_timeout_s + 2 * settings.health_timeout_s
+            deadline = options.connect_timeout_s + 2 * options.health_timeout_s
             try:
                 found[worker] = await fetch_model_info(worker.client, deadline)
             except UpstreamError as exc:
@@ -655,7 +677,7 @@ class WorkerPool:
             while True:
                 await self._round()
                 self._first_round.set()
-                await trio.sleep(self._settings.health_interval_s)
+                await trio.sleep(self._options.health_interval_s)
 
     async def aclose(self) -> None:
         if self._nursery is not None:
@@ -670,7 +692,7 @@ class WorkerPool:
         if self.served is None and self._nursery is not None:
             await self._first_round.wait()
         if self.served is None:
-            retry = max(1, math.ceil(self._settings.health_interval_s))
+            retry = max(1, math.ceil(self._options.health_interval_s))
             raise NoHealthyWorker(
                 "no worker has answered as an SGLang worker yet", retry_after_s=retry
             )

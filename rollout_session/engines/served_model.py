@@ -6,11 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import UPSTREAM_MODEL_AGENT, UPSTREAM_MODEL_SERVED
 from .pool import WorkerPool
 from .upstream import ModelInfo
 
 __all__ = ["ServedModel"]
+
+# --upstream-model's keywords; any other value is a model name sent as is.
+UPSTREAM_MODEL_SERVED = "served"
+UPSTREAM_MODEL_AGENT = "agent"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ answer in time, `UpstreamError` (502) for any other transport failure (the
 worker may have done the work: never retried), `UpstreamMalformed` (502,
 kind ``answer_too_large``) for an answer over ``--max-answer-mb``: it is
 read no further and its connection is closed. The worker pool
-(`workers.py`) decides what to do with them.
+(`pool.py`) decides what to do with them.
 
 Messages of these errors reach agents, so they never name the worker: the
 URL and the transport's own words are logged here instead.

@@ -8,7 +8,7 @@ the session commits or rolls back a turn meanwhile; `serialize` may then run
 on a worker thread. Token arrays go to orjson as numpy arrays
 (``OPT_SERIALIZE_NUMPY``): no per-token Python objects on the way out.
 
-A session is a list of segments (segments.py); the document carries every
+A session is a list of segments (`session/segments.py`); the document carries every
 one under ``segments``, and its v1 top-level fields (``token_ids`` …
 ``messages``) are the last segment's, the same objects serialised twice.
 
@@ -35,7 +35,8 @@ import pybase64
 from ..errors import InvalidRequest
 from ..session.segments import Segment
 from ..session.session import Session
-from ..session.trajectory import IdArray, Turn
+from ..session.trajectory import Turn
+from ..tokens import IdArray
 
 __all__ = [
     "DEFAULT_PARTS",

@@ -34,13 +34,8 @@ from pathlib import Path
 import orjson
 import trio
 
-from ..cli.main import (
-    ENV_PREFIX,
-    SERVE_OPTIONS,
-    add_serve_arguments,
-    settings_from_args,
-    start_demo_workers,
-)
+from ..cli.demo import start_demo_workers
+from ..cli.options import ENV_PREFIX, SERVE_OPTIONS, add_serve_arguments, settings_from_args
 from ..config import Settings
 from ..http.serving import CannotListen
 

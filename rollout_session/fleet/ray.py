@@ -9,7 +9,7 @@ A trainer already on Ray adds one call::
         handle = await client.create()      # give the agent handle.base_url
     fleet.shutdown()
 
-Each actor is one shard (fleet.py): a plain session server run on a thread
+Each actor is one shard (`http/fleet.py`): a plain session server run on a thread
 of the actor's process. It binds a free port first; once every actor has
 one, each is told the fleet's URLs and starts serving, so a shard knows the
 whole fleet before it takes its first request. With ``demo=True`` one more
@@ -32,7 +32,8 @@ from typing import Any
 import ray
 import trio
 
-from ..cli.main import run_server, start_demo_workers
+from ..cli.demo import start_demo_workers
+from ..cli.run import run_server
 from ..client import SessionClient
 from ..config import Settings
 from .processes import bind_sockets, fleet_urls

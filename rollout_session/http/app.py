@@ -2,7 +2,7 @@
 
 The app owns everything (session store, worker pool, tokenizer, turn runner)
 via one `ServerContext` stored in ``app.extensions["rollout_session"]``.
-Every request meets the HTTP edge first (`http_edge.HttpEdge`, wrapped around
+Every request meets the HTTP edge first (`edge.HttpEdge`, wrapped around
 Quart's ASGI callable): the API key, the body, unknown routes and methods,
 the fast chat route. Quart's one error handler renders what its handlers
 raise with the edge's `error_response`.
@@ -21,20 +21,21 @@ from werkzeug.datastructures import Headers
 from ..config import Settings
 from ..engines.pool import WorkerPool
 from ..engines.served_model import ServedModel
+from ..engines.sglang_chat.engine import SGLangChatEngine
 from ..errors import NoHealthyWorker, UpstreamError
-from ..fleet.shards import Fleet, FleetRedirect, FleetRoutes
 from ..prompt.check import Outcome, check_template, in_place_roles, startup_problems
 from ..prompt.tokenizer import ChatTokenizer, load_tokenizer
-from ..session.lifecycle import PauseGate, reap_forever
+from ..session.expiry import Expiry
 from ..session.session import SessionRegistry
 from ..session.store import SessionStore
 from ..turn.offload import Offload
-from ..turn.plan import TurnPolicy
+from ..turn.pause import PauseGate
 from ..turn.runner import TurnRunner
 from ..turn.validator import AnswerValidator
 from .auth import Gate
 from .context import ServerContext
 from .edge import HttpEdge, error_response
+from .fleet import Fleet, FleetRoutes
 from .metrics import Metrics
 from .protocols.chat import chat_route
 from .protocols.messages import messages_routes
@@ -64,7 +65,7 @@ def server_context(app: QuartTrio) -> ServerContext:
 
 def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) -> QuartTrio:
     """Build the app. `tokenizer` skips loading one at startup (embedding, tests)."""
-    # No static folder: the inspector serves its own assets (inspector.py).
+    # No static folder: the inspector serves its own assets (`routes/inspector.py`).
     app = QuartTrio("rollout_session", static_folder=None)
     # Quart's defaults (16 MiB body, 60 s response timeout) silently cut long
     # generations. The body's limit and timeout are the edge's: it has read
@@ -75,25 +76,36 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         BODY_TIMEOUT=None,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-    pool = WorkerPool(settings)
+    pool = WorkerPool(settings.pool_options())
     for url in settings.workers:
         pool.add(url)
     offload = Offload(
         threshold_bytes=settings.offload_threshold_bytes, threads=settings.cpu_threads
     )
+    validator = AnswerValidator(
+        offload,
+        processes=settings.parse_processes,
+        process_threshold_bytes=settings.process_threshold_bytes,
+    )
+    model = ServedModel(pool, settings.context_length, settings.upstream_model)
+    engine = SGLangChatEngine(pool, validator, model, session_hints=settings.sends_session_hints)
+    store = SessionStore(SessionRegistry(max_sessions=settings.max_sessions), engine)
     ctx = ServerContext(
         settings=settings,
-        store=SessionStore(SessionRegistry(max_sessions=settings.max_sessions), pool),
+        store=store,
         pool=pool,
+        engine=engine,
         offload=offload,
-        validator=AnswerValidator(
-            offload,
-            processes=settings.parse_processes,
-            process_threshold_bytes=settings.process_threshold_bytes,
-        ),
+        validator=validator,
         pause=PauseGate(settings.pause_wait_s),
-        metrics=Metrics(lambda: ctx),
-        model=ServedModel(pool, settings.context_length, settings.upstream_model),
+        metrics=Metrics(store, pool),
+        model=model,
+        expiry=Expiry(
+            store,
+            default_ttl_s=settings.session_ttl_s,
+            keep_closed_s=settings.keep_closed_s,
+            keep_collected_s=settings.keep_collected_s,
+        ),
         tokenizer=tokenizer,
     )
     app.extensions[_EXTENSION] = ctx
@@ -101,23 +113,22 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
     @app.before_serving
     async def startup() -> None:
         if settings.journal is not None:
-            await ctx.store.open_journal(settings)  # done already under `serve`
+            await ctx.store.open_journal(settings.journal_options())  # done under `serve`
             await app.nursery.start(ctx.store.run_journal)
         await app.nursery.start(ctx.pool.run)
         await app.nursery.start(ctx.validator.run)
-        app.nursery.start_soon(reap_forever, ctx)
+        app.nursery.start_soon(ctx.expiry.forever)
         tokenizer = await _load_model(ctx)
         in_place_roles = await _check_template(tokenizer, settings)
         ctx.turns = TurnRunner(
             store=ctx.store,
             pause=ctx.pause,
-            pool=ctx.pool,
-            validator=ctx.validator,
+            engine=ctx.engine,
             offload=ctx.offload,
             metrics=ctx.metrics,
             tokenizer=tokenizer,
             model=ctx.model,
-            policy=TurnPolicy.of(settings, in_place_roles),
+            policy=settings.turn_policy(in_place_roles),
         )
 
     @app.after_serving
@@ -153,11 +164,8 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         authorize=gate.check if gate is not None else None,
         max_body_bytes=settings.max_body_bytes,
         sessions=sessions,
+        redirect=fleet.redirect if fleet is not None else None,
     )
-    if fleet is not None:  # and its redirects outside it
-        app.asgi_app = FleetRedirect(  # type: ignore[method-assign]
-            app.asgi_app, fleet, sessions, settings.max_body_bytes
-        )
     return app
 
 

@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..config import Settings
+from ..engines.base import Engine
 from ..engines.pool import WorkerPool
 from ..engines.served_model import ServedModel
 from ..prompt.tokenizer import ChatTokenizer
-from ..session.lifecycle import PauseGate
+from ..session.expiry import Expiry
 from ..session.session import SessionRegistry
 from ..session.store import SessionStore
 from ..turn.offload import Offload
+from ..turn.pause import PauseGate
 from ..turn.validator import AnswerValidator
 
 if TYPE_CHECKING:
@@ -35,11 +37,13 @@ class ServerContext:
     # restore) goes through the store; lookups may read `registry`.
     store: SessionStore
     pool: WorkerPool
+    engine: Engine  # what turns sample from (the pool is its workers)
     offload: Offload
     validator: AnswerValidator
     pause: PauseGate
     metrics: Metrics
     model: ServedModel
+    expiry: Expiry  # the reaper
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Set during startup (before serving): loading needs the worker's answer.
     tokenizer: ChatTokenizer | None = None

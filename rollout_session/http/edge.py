@@ -77,6 +77,7 @@ from ..errors import (
     RolloutSessionError,
     RouteNotFound,
 )
+from ..session.session import SESSION_ID
 
 if TYPE_CHECKING:
     from .session_routing import SessionRouting
@@ -87,6 +88,7 @@ __all__ = [
     "Headers",
     "HttpEdge",
     "RawResponse",
+    "Redirect",
     "ambiguous_framing",
     "as_error",
     "error_response",
@@ -104,6 +106,7 @@ Headers = list[tuple[bytes, bytes]]
 BODY_TIMEOUT_S = 60
 _JSON = b"application/json"
 _CLOSE = (b"connection", b"close")
+_SESSIONS = "/sessions/"
 
 
 class RawResponse(NamedTuple):
@@ -213,6 +216,11 @@ class _ClientGone(Exception):
     """The client disconnected before its request was complete."""
 
 
+# A fleet's shard: (session id, path as asked, query) → 307 to the shard
+# that owns the session, or None to serve it here (`fleet.Fleet.redirect`).
+Redirect = Callable[[str, str, bytes], RawResponse | None]
+
+
 class HttpEdge:
     """ASGI middleware: the edge for every request, then the fast route or `app`.
 
@@ -231,8 +239,10 @@ class HttpEdge:
         authorize: Callable[[str, str | None, bytes, bytes], None] | None,
         max_body_bytes: int,
         sessions: SessionRouting | None = None,
+        redirect: Redirect | None = None,
     ) -> None:
         self._app = app
+        self._redirect = redirect
         self._routes = routes
         self._fast = tuple(fast_routes)
         self._authorize = authorize
@@ -251,22 +261,26 @@ class HttpEdge:
             )
             await self._refuse(scope, receive, send, refusal, close=True)
             return
+        asked = route_path(scope)
         try:
             scope, session_id = self._to_session(scope)
             fast = self._resolve(scope)
-            if session_id is not None and self._sessions is not None:
+            moved = self._moved(scope, session_id, asked)
+            if moved is None and session_id is not None and self._sessions is not None:
                 await self._sessions.ensure(session_id, scope["headers"])
         except RolloutSessionError as refusal:
             await self._refuse(scope, receive, send, refusal)
             return
         try:
-            body = await self._read_body(scope, receive, keep=True)
+            body = await self._read_body(scope, receive, keep=moved is None)
         except _ClientGone:
             return  # nobody to answer
         except RolloutSessionError as error:
             await send_response(send, _closing(self._render(scope)(error)))
             return
-        if fast is None:
+        if moved is not None:  # read: the connection carries the next request
+            await send_response(send, moved)
+        elif fast is None:
             await self._app(scope, replay(body, receive), send)
         else:
             await self._serve_fast(*fast, body, receive, send)
@@ -284,6 +298,22 @@ class HttpEdge:
         full = scope.get("root_path", "") + session_path
         rewritten: HTTPScope = {**scope, "path": full, "raw_path": full.encode()}
         return rewritten, session_id
+
+    def _moved(self, scope: HTTPScope, routed: str | None, asked: str | None) -> RawResponse | None:
+        """A fleet's redirect of a request naming a session another shard
+        owns (`routed`: the session a root route named), to the path as
+        `asked`; None to serve it here."""
+        if self._redirect is None or asked is None:
+            return None
+        session_id = routed
+        path = route_path(scope)
+        if session_id is None and path is not None and path.startswith(_SESSIONS):
+            found = path[len(_SESSIONS) :].split("/", 1)[0]
+            # No session could have another id: this shard answers 404.
+            session_id = found if SESSION_ID.fullmatch(found) else None
+        if session_id is None:
+            return None
+        return self._redirect(session_id, asked, scope["query_string"])
 
     def _render(self, scope: HTTPScope) -> Callable[[Exception], RawResponse]:
         """How an error on this request's path is rendered."""

@@ -9,37 +9,33 @@ keep in sync.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..engines.pool import Circuit
+from ..engines.pool import Circuit, WorkerPool
 from ..session.session import SessionState
-
-if TYPE_CHECKING:
-    from .context import ServerContext
+from ..session.store import SessionStore
+from ..turn.metrics import TurnMetrics
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 
 class _StateCollector(Collector):
-    def __init__(self, read: Callable[[], ServerContext]) -> None:
-        self._read = read
+    def __init__(self, store: SessionStore, pool: WorkerPool) -> None:
+        self._store, self._pool = store, pool
 
     def collect(self) -> Iterator[Metric]:
-        ctx = self._read()
+        store, pool = self._store, self._pool
         sessions = GaugeMetricFamily(
             "rollout_sessions", "Sessions held, by state", labels=["state"]
         )
-        tally = Tally(s.state.value for s in ctx.registry)
-        tally[SessionState.COLLECTED.value] = len(ctx.registry.collected())
+        tally = Tally(s.state.value for s in store.registry)
+        tally[SessionState.COLLECTED.value] = len(store.registry.collected())
         for state in SessionState:
             sessions.add_metric([state.value], tally[state.value])
         yield sessions
@@ -57,7 +53,7 @@ class _StateCollector(Collector):
         pinned = GaugeMetricFamily(
             "rollout_worker_active_sessions", "Sessions pinned", labels=["worker"]
         )
-        for worker in ctx.pool.workers.values():
+        for worker in pool.workers.values():
             healthy.add_metric([worker.url], float(worker.healthy))
             fenced.add_metric([worker.url], float(worker.circuit is not Circuit.CLOSED))
             inflight.add_metric([worker.url], worker.inflight)
@@ -68,10 +64,10 @@ class _StateCollector(Collector):
             "Best-effort control calls to workers that failed (logged once per worker and call)",
             labels=["call"],
         )
-        for call, count in sorted(ctx.pool.control_failures.items()):
+        for call, count in sorted(pool.control_failures.items()):
             control.add_metric([call], count)
         yield control
-        journal = ctx.store.journal
+        journal = store.journal
         if journal is not None:
             yield GaugeMetricFamily(
                 "rollout_journal_writable",
@@ -101,49 +97,14 @@ class _StateCollector(Collector):
             )
 
 
-class Metrics:
-    def __init__(self, read_context: Callable[[], ServerContext]) -> None:
+class Metrics(TurnMetrics):
+    """The app's registry: the turns' counters, and the state gauges read at
+    scrape time from the store and the pool."""
+
+    def __init__(self, store: SessionStore, pool: WorkerPool) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.turns = Counter(
-            "rollout_turns", "Chat turns by outcome and code", ["outcome", "code"], registry=r
-        )
-        self.upstream_latency = Histogram(
-            "rollout_upstream_latency_seconds",
-            "Worker round trip of a turn",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.overhead = Histogram(
-            "rollout_server_overhead_seconds",
-            "Time a successful turn spent in the server, worker round trip excluded",
-            buckets=_OVERHEAD_BUCKETS,
-            registry=r,
-        )
-        self.tokens = Counter(
-            "rollout_tokens_committed", "Tokens committed to trajectories", ["kind"], registry=r
-        )
-        self.validation_failures = Counter(
-            "rollout_validation_failures", "Malformed worker answers by kind", ["kind"], registry=r
-        )
-        self.rollbacks = Counter(
-            "rollout_rollbacks",
-            "Turns replaced in place (a retry, a bounded rollback): their sampled "
-            "tokens left the trajectory, by reason",
-            ["reason"],
-            registry=r,
-        )
-        self.segments = Counter(
-            "rollout_segments",
-            "New segments started by a request that did not extend its session's "
-            "current one, by reason",
-            ["reason"],
-            registry=r,
-        )
-        self.busy = Counter(
-            "rollout_busy_rejections", "Turns refused with 409 session_busy", registry=r
-        )
-        r.register(_StateCollector(read_context))
+        super().__init__(self.registry)
+        self.registry.register(_StateCollector(store, pool))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

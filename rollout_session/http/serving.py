@@ -12,7 +12,8 @@ classes, with what that loop lacks:
   before the app starts (a port in use fails at once, as `CannotListen`),
   listens only once the app's start-up has completed, and only then is the
   URL reported. Hypercorn reported it, and listened, when the start-up had
-  failed too (its ``wait_for_startup`` returns either way);
+  failed too (its ``wait_for_startup`` returns either way; `_Served` tells
+  the two apart);
 - **a connection cap**: at most ``max_connections`` connections are open;
   the next ones wait in the kernel's listen backlog until one closes. When
   the process runs out of file descriptors anyway (``accept`` failing with
@@ -28,10 +29,30 @@ classes, with what that loop lacks:
   as they hear it, and the cancelled connection was never made idle: it
   stayed open until the client closed it, past the keep-alive timeout and
   past a shutdown, which then waited out its whole grace. So every app served
-  here has its last body message sent shielded (`_idle_able`);
+  here has its last body message sent shielded (`_Served`);
 - **shutdown**: the listener closes, idle keep-alive connections close at
   once (hypercorn's ``terminated`` event), requests in flight get
   ``graceful_timeout``.
+
+Hypercorn's internals. Its public API, ``hypercorn.trio.serve``, runs its
+own accept loop with no hook for the listener or a connection, so neither
+the cap nor a connection ending with its client can be had through it (nor
+can an app: it never sees an idle connection). `_serve` therefore uses these,
+none of them documented API; tests/unit/http/test_serving_api.py checks each
+(names, signatures, and the behaviour they buy) and fails, naming it, on the
+first hypercorn release that changes one (CI installs the newest; what they
+buy is measured in docs/performance.md#serving-on-hypercorns-internals):
+
+- ``hypercorn.trio.tcp_server.TCPServer``: serves one accepted connection
+  (`_TCPServer` overrides its ``_read_data`` and stops its ``idle_task``);
+- ``hypercorn.trio.lifespan.Lifespan``: the app's start-up and shutdown
+  (``handle_lifespan``, ``wait_for_startup``, ``wait_for_shutdown``,
+  ``supported``);
+- ``hypercorn.trio.worker_context.WorkerContext``: its ``terminated`` event
+  makes idle connections close;
+- ``hypercorn.utils.wrap_app``, ``hypercorn.typing.ConnectionState`` and
+  ``Config.create_sockets``: the app and the state as those classes take
+  them, and the sockets for ``config.bind``.
 """
 
 from __future__ import annotations
@@ -39,6 +60,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -46,11 +68,13 @@ from typing import Any, cast
 
 import trio
 from hypercorn.config import Config
+
+# Hypercorn's internals, not its API: these three, `ConnectionState` and
+# `wrap_app` (module doc; checked by tests/unit/http/test_serving_api.py).
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import (
-    AppWrapper,
     ASGIFramework,
     ASGIReceiveCallable,
     ASGISendCallable,
@@ -60,7 +84,7 @@ from hypercorn.typing import (
     LifespanState,
     Scope,
 )
-from hypercorn.utils import repr_socket_addr, wrap_app
+from hypercorn.utils import wrap_app
 
 __all__ = ["CannotListen", "RunningServer", "hypercorn_config", "start_server"]
 
@@ -185,41 +209,50 @@ class _TCPServer(TCPServer):
         await self.idle_task.stop()
 
 
-class _Lifespan(Lifespan):
-    """Hypercorn's lifespan, telling a completed start-up from a failed one."""
+class _Served:
+    """`app` (ASGI 3, as every app served here) as it is served: each
+    response's last body message sent shielded (module doc), and whether its
+    start-up completed noted (hypercorn's `Lifespan` returns from
+    ``wait_for_startup`` when it failed too)."""
 
-    def __init__(self, app: AppWrapper, config: Config, state: LifespanState) -> None:
-        super().__init__(app, config, state)
-        self.completed = False
+    def __init__(self, app: Framework) -> None:
+        self._app = cast(ASGIFramework, app)
+        self.started_up = False
 
-    async def asgi_send(self, message: ASGISendEvent) -> None:
-        if message["type"] == "lifespan.startup.complete":
-            self.completed = True
-        await super().asgi_send(message)
-
-
-def _idle_able(app: Framework) -> ASGIFramework:
-    """`app` (ASGI 3, as every app served here) with each response's last body
-    message sent shielded (module doc)."""
-    asgi = cast(ASGIFramework, app)
-
-    async def shielded_app(
-        scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
-        if scope["type"] != "http":
-            await asgi(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            await self._app(scope, receive, partial(_send_last_shielded, send))
+        elif scope["type"] == "lifespan":
+            await self._app(scope, receive, partial(self._send_lifespan, send))
+        else:
+            await self._app(scope, receive, send)
 
-        async def send_shielded(message: ASGISendEvent) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                with trio.CancelScope(shield=True):
-                    await send(message)
-            else:
-                await send(message)
+    async def _send_lifespan(self, send: ASGISendCallable, message: ASGISendEvent) -> None:
+        if message["type"] == "lifespan.startup.complete":
+            self.started_up = True
+        await send(message)
 
-        await asgi(scope, receive, send_shielded)
 
-    return shielded_app
+async def _send_last_shielded(send: ASGISendCallable, message: ASGISendEvent) -> None:
+    if message["type"] == "http.response.body" and not message.get("more_body", False):
+        with trio.CancelScope(shield=True):
+            await send(message)
+    else:
+        await send(message)
+
+
+def _url(sock: socket.socket) -> str:
+    """The URL a listening socket serves (``repr_socket_addr``'s form)."""
+    address = sock.getsockname()
+    if sock.family == socket.AF_INET:
+        return f"http://{address[0]}:{address[1]}"
+    if sock.family == socket.AF_INET6:
+        return f"http://[{address[0]}]:{address[1]}"
+    if sock.family == socket.AF_UNIX:
+        return f"http://unix:{address}"
+    return f"http://{address}"
 
 
 async def _serve(
@@ -230,9 +263,10 @@ async def _serve(
     shutdown_trigger: Callable[[], Awaitable[Any]],
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
-    wrapped = wrap_app(_idle_able(app), config.wsgi_max_body_size, None)
+    served = _Served(app)
+    wrapped = wrap_app(served, config.wsgi_max_body_size, "asgi")
     state: LifespanState = {}
-    lifespan = _Lifespan(wrapped, config, state)
+    lifespan = Lifespan(wrapped, config, state)
     context = WorkerContext(None)
     try:
         sockets = config.create_sockets()
@@ -243,6 +277,7 @@ async def _serve(
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
+            # The state is the connection's own copy: TCPServer (0.18) does not copy it.
             await _TCPServer(wrapped, config, context, ConnectionState(state.copy()), stream)  # type: ignore[arg-type]
         finally:
             connections.closed()
@@ -251,7 +286,7 @@ async def _serve(
         async with trio.open_nursery() as lifespan_nursery:
             await lifespan_nursery.start(lifespan.handle_lifespan)
             await lifespan.wait_for_startup()
-            if lifespan.supported and not lifespan.completed:
+            if lifespan.supported and not served.started_up:
                 # The app's start-up failed: the error is on its way out of
                 # the lifespan task and cancels this one. Never listen.
                 await trio.sleep_forever()
@@ -260,7 +295,7 @@ async def _serve(
                 sock.listen(config.backlog)
                 listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
                 listeners.append(_CappedListener(listener, connections))
-                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+                binds.append(_url(sock))
             async with trio.open_nursery() as server_nursery:
                 task_status.started(binds)
                 try:

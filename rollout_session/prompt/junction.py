@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from ..session.trajectory import IdArray
+from ..tokens import IdArray
 
 __all__ = ["STOPPED", "Junction", "continuation", "shared_prefix", "terminator_length"]
 

@@ -15,8 +15,10 @@ from typing import Any
 
 import orjson
 
-from ..config import KNOWN_ROLES
 from ..errors import InvalidRequest
+
+# Roles a request may carry. "developer" is OpenAI's newer name for system.
+KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 __all__ = ["Message", "assistant_message", "common_prefix", "normalize_messages"]
 

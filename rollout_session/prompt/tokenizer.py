@@ -102,7 +102,7 @@ class ChatTokenizer:
         self.vocab_size: int = max(vocab.values()) + 1
         # No token covers more text than this many bytes (its UTF-8 length
         # over-counts byte-level and SentencePiece pieces): bounds a prompt's
-        # tokens from below without rendering it (turn_limits.py).
+        # tokens from below without rendering it (turn/limits.py).
         self.max_token_bytes: int = max(len(token.encode("utf-8")) for token in vocab)
         self.name_or_path: str = str(getattr(hf_tokenizer, "name_or_path", ""))
         self.special_ids: frozenset[int] = frozenset(

@@ -13,15 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from ..engines.answer import WorkerAnswer
-from ..engines.upstream import UpstreamReply
 from ..errors import InvariantViolated, SessionClosing
-from ..prompt.messages import Message, assistant_message
+from ..prompt.messages import Message
+from ..tokens import IdArray, LogprobArray
 from .segments import Branch, Rollback, Segment
 from .session import Session, SessionState, TurnSlot
-from .trajectory import Checkpoint, IdArray, Turn
+from .trajectory import Checkpoint, Turn
 
-__all__ = ["CommitUndo", "TurnPlan", "commit_turn"]
+__all__ = ["CommitUndo", "Sampled", "TurnPlan", "commit_turn"]
 
 
 @dataclass(slots=True)
@@ -40,14 +39,25 @@ class TurnPlan:
     branch: Branch | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampled:
+    """What a turn records of the engine's validated completion."""
+
+    ids: IdArray  # the sampled ids (loss mask 1)
+    logprobs: LogprobArray  # one per sampled id
+    message: Message  # the assistant message the history gains
+    finish_reason: str | None
+    model: str | None  # the model the engine says answered (None: keep the session's)
+    weight_version: str | None
+    cached_tokens: int | None
+    worker: str  # the worker that generated it
+    latency_s: float
+    # R3: routed-expert ids of the new positions (int32 bytes) and their width.
+    experts: tuple[bytes, int] | None = None
+
+
 def commit_turn(
-    session: Session,
-    slot: TurnSlot,
-    plan: TurnPlan,
-    answer: WorkerAnswer,
-    reply: UpstreamReply,
-    now: float,
-    experts: tuple[bytes, int] | None = None,
+    session: Session, slot: TurnSlot, plan: TurnPlan, sampled: Sampled, now: float
 ) -> Turn:
     """Apply the plan: new segment or rollback (if any), prompt delta, sampled
     ids, history."""
@@ -69,35 +79,32 @@ def commit_turn(
         index=plan.keep_turns,
         prompt_start=start,
         completion_start=completion_start,
-        completion_end=completion_start + len(answer.ids),
+        completion_end=completion_start + len(sampled.ids),
         messages_end=len(plan.messages) + 1,
-        finish_reason=answer.finish_reason,
-        worker=reply.served_by,  # behind a gateway, the worker it routed to
-        weight_version=answer.weight_version,
-        cached_tokens=answer.cached_tokens,
-        upstream_latency_s=reply.latency_s,
+        finish_reason=sampled.finish_reason,
+        worker=sampled.worker,
+        weight_version=sampled.weight_version,
+        cached_tokens=sampled.cached_tokens,
+        upstream_latency_s=sampled.latency_s,
         created_at=now,
     )
     trajectory.commit(
         keep_turns=plan.keep_turns,
         prompt_ids=plan.prompt_ids,
-        sampled_ids=answer.ids,
-        sampled_logprobs=answer.logprobs,
+        sampled_ids=sampled.ids,
+        sampled_logprobs=sampled.logprobs,
         turn=turn,
-        experts=experts[0] if experts else None,
-        experts_width=experts[1] if experts else None,
+        experts=sampled.experts[0] if sampled.experts else None,
+        experts_width=sampled.experts[1] if sampled.experts else None,
     )
     # Only the new messages are encoded: O(new), not O(history).
     session.conversation = session.conversation.spliced(
         kept,
-        [
-            *plan.messages[kept:],
-            assistant_message(answer.content, answer.tool_calls, answer.reasoning_content),
-        ],
+        [*plan.messages[kept:], sampled.message],
     )
     session.tools = plan.tools
     session.template_kwargs = plan.kwargs
-    session.model = answer.model or session.model
+    session.model = sampled.model or session.model
     return turn
 
 

@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from ..config import Settings
-from ..engines.answer import WorkerAnswer
-from ..engines.pool import WorkerPool
-from ..engines.upstream import UpstreamReply
 from ..errors import JournalUnavailable
-from .commit import CommitUndo, TurnPlan, commit_turn
+from .commit import CommitUndo, Sampled, TurnPlan, commit_turn
 from .journal.format import JournalError
 from .session import Session, SessionRegistry, SessionState, TurnSlot
 from .trajectory import Turn
@@ -41,7 +38,7 @@ from .trajectory import Turn
 if TYPE_CHECKING:
     from .journal.writer import Journal
 
-__all__ = ["SessionStore"]
+__all__ = ["JournalOptions", "SessionEngine", "SessionStore"]
 
 logger = logging.getLogger("rollout_session")
 
@@ -53,12 +50,33 @@ def _unavailable() -> JournalUnavailable:
     )
 
 
+class SessionEngine(Protocol):
+    """The engine's side of a session's life: it pins the session to a worker
+    and may keep state for it (`engines.base.Engine` is one)."""
+
+    def adopt(self, session: Session) -> None:
+        """Take back a session restored from the journal with its pin."""
+
+    def release(self, session: Session) -> None:
+        """The session takes no more turns: drop its pin and engine state."""
+
+
+@dataclass(frozen=True)
+class JournalOptions:
+    """``--journal DIR`` and its write policy (docs/reliability.md#durable-journal)."""
+
+    directory: Path
+    fsync: str = "interval"  # always | interval | never
+    fsync_interval_s: float = 1.0
+    retry_s: float = 1.0  # after a failed write; backs off to 30 s
+
+
 class SessionStore:
     """Sessions of one server: lookups through `registry`, changes through here."""
 
-    def __init__(self, registry: SessionRegistry, pool: WorkerPool) -> None:
+    def __init__(self, registry: SessionRegistry, engine: SessionEngine) -> None:
         self.registry = registry
-        self.pool = pool
+        self._engine = engine
         # Attached by `open_journal` at start-up with --journal; None: memory only.
         self.journal: Journal | None = None
         # Closes under way, by session id: a repeated DELETE waits for its end.
@@ -79,25 +97,25 @@ class SessionStore:
 
     # --- start-up and shutdown ---
 
-    async def open_journal(self, settings: Settings) -> None:
+    async def open_journal(self, options: JournalOptions | None) -> None:
         """Replay ``--journal`` and take back its sessions; once per store.
 
         `cli.serve` calls it before the listener opens, so replay has no
         start-up limit (the app's lifespan has hypercorn's); an app started
         otherwise (tests, embedding) calls it from its start-up."""
-        if settings.journal is None or self.journal is not None:
+        if options is None or self.journal is not None:
             return
         from .journal.writer import Journal
 
         journal, restored = await Journal.open(
-            Path(settings.journal),
-            fsync=settings.journal_fsync,
-            fsync_interval_s=settings.journal_fsync_interval_s,
-            retry_s=settings.journal_retry_s,
+            options.directory,
+            fsync=options.fsync,
+            fsync_interval_s=options.fsync_interval_s,
+            retry_s=options.retry_s,
             now=self.clock(),
         )
         self.restore(journal, restored)
-        logger.info("journal %s: restored %d sessions", settings.journal, len(restored))
+        logger.info("journal %s: restored %d sessions", options.directory, len(restored))
 
     def restore(self, journal: Journal, sessions: list[Session]) -> None:
         """Attach the journal just opened and take back the sessions it replayed
@@ -105,7 +123,7 @@ class SessionStore:
         self.journal = journal
         for session in sessions:
             self.registry.restore(session)
-            self.pool.adopt(session)
+            self._engine.adopt(session)
 
     async def run_journal(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Run the journal's writer for the app's lifetime.
@@ -187,9 +205,7 @@ class SessionStore:
         session: Session,
         slot: TurnSlot,
         plan: TurnPlan,
-        answer: WorkerAnswer,
-        reply: UpstreamReply,
-        experts: tuple[bytes, int] | None,
+        sampled: Sampled,
     ) -> Turn:
         """Commit a validated turn; return once it is durable.
 
@@ -201,12 +217,12 @@ class SessionStore:
         self._check_writable()
         journal = self.journal
         if journal is None:
-            return commit_turn(session, slot, plan, answer, reply, self.clock(), experts)
+            return commit_turn(session, slot, plan, sampled, self.clock())
         undo = CommitUndo.before(session, plan)
-        turn = commit_turn(session, slot, plan, answer, reply, self.clock(), experts)
+        turn = commit_turn(session, slot, plan, sampled, self.clock())
         journal.turn(
             session,
-            experts,
+            sampled.experts,
             new_segment=plan.branch is not None,
             rolled_back=plan.branch is None and plan.rollback is not None,
         )
@@ -223,7 +239,7 @@ class SessionStore:
         in-flight one is cancelled), unpinned, readable until collected."""
         self._check_writable()
         session.expire(self.clock())
-        self.pool.release_session(session)
+        self._engine.release(session)
         if self.journal is not None:
             self.journal.expire(session)
 
@@ -285,7 +301,7 @@ class SessionStore:
             except JournalError as exc:
                 self.registry.uncollect(session, *before)
                 raise _unavailable() from exc
-        self.pool.release_session(session)
+        self._engine.release(session)
 
     def forget(self, session: Session) -> None:
         """Drop a session the server closed or a DELETE collected, its keep
@@ -297,4 +313,4 @@ class SessionStore:
 
     def _remove(self, session: Session) -> None:
         self.registry.remove(session)
-        self.pool.release_session(session)
+        self._engine.release(session)

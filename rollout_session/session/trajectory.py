@@ -34,10 +34,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ..tokens import IdArray, LogprobArray
+
 __all__ = ["Checkpoint", "TokenBuffer", "Trajectory", "Turn"]
 
-IdArray = npt.NDArray[np.int32]
-LogprobArray = npt.NDArray[np.float32]
 MaskArray = npt.NDArray[np.uint8]
 
 

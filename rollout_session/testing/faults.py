@@ -15,17 +15,19 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 import trio
-from hypercorn.typing import (
-    ASGIFramework,
-    ASGIReceiveCallable,
-    ASGISendCallable,
-    ASGISendEvent,
-    Scope,
-)
+
+if TYPE_CHECKING:  # annotations only: `emulator --help` loads no server stack
+    from hypercorn.typing import (
+        ASGIFramework,
+        ASGIReceiveCallable,
+        ASGISendCallable,
+        ASGISendEvent,
+        Scope,
+    )
 
 __all__ = [
     "DROP_AFTER_HEADER",

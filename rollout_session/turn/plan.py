@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Settings
 from ..errors import InvalidRequest, InvariantViolated, TooManySegments, TrajectoryDiverged
 from ..prompt.junction import STOPPED, continuation, shared_prefix
 from ..prompt.messages import Message
@@ -44,24 +43,8 @@ class TurnPolicy:
     prompt_mode: PromptMode = PromptMode.TITO
     max_segments: int = 1000  # segments per session (they bound its memory)
     max_session_tokens: int | None = None  # prompt + max_tokens cap per session
-    session_hint: bool = False  # send SGLang the session id (--kv-sessions hint)
     default_priority: int | None = None  # SGLang priority of sessions created without one
     routed_experts: bool = False  # ask for and store routed experts (R3)
-
-    @classmethod
-    def of(cls, settings: Settings, in_place_roles: frozenset[str] = frozenset()) -> TurnPolicy:
-        return cls(
-            append_roles=settings.append_roles | in_place_roles,
-            max_rollback_turns=settings.max_rollback_turns,
-            chat_template_kwargs=settings.chat_template_kwargs,
-            on_divergence=OnDivergence(settings.on_divergence),
-            prompt_mode=PromptMode(settings.prompt_mode),
-            max_segments=settings.max_segments,
-            max_session_tokens=settings.max_session_tokens,
-            session_hint=settings.sends_session_hints,
-            default_priority=settings.default_priority,
-            routed_experts=settings.routed_experts,
-        )
 
 
 def _diverged_roles(new: list[Message], allowed: frozenset[str], offset: int) -> int | None:
@@ -267,10 +250,16 @@ def _rendered(
             trajectory.expert_positions(keep),
             rollback,
         )
-    # The message holding the first token the render does not reproduce.
+    # Where the render first differs: in a turn's answer, that answer; in a
+    # turn's prompt, the first message that prompt added (token positions are
+    # kept per turn, not per message: the earliest message that can hold it).
     differs = shared_prefix(full, kept_ids.tolist())
-    turn = next((t for t in trajectory.turns[:keep] if t.completion_end > differs), None)
-    message = (turn or trajectory.turns[keep - 1]).messages_end - 1
+    turns = trajectory.turns
+    turn = next((t for t in turns[:keep] if t.completion_end > differs), turns[keep - 1])
+    if differs >= turn.completion_start:
+        message = turn.messages_end - 1
+    else:
+        message = turns[turn.index - 1].messages_end if turn.index else 0
     if policy.on_divergence is not OnDivergence.SEGMENT:
         raise TrajectoryDiverged(
             "the chat template renders this request's history differently from the "

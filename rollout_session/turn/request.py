@@ -20,6 +20,7 @@ from ..prompt.messages import Message, normalize_messages
 __all__ = [
     "ChatRequest",
     "StreamMode",
+    "chat_request",
     "parse_chat_request",
     "parse_json_object",
     "tool_list",
@@ -159,7 +160,13 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
 
 def parse_chat_request(body: bytes) -> ChatRequest:
-    raw = parse_json_object(body)
+    """A chat completions request body, parsed and checked."""
+    return chat_request(parse_json_object(body))
+
+
+def chat_request(raw: dict[str, Any]) -> ChatRequest:
+    """A chat completions request, checked: the chat route's body, or what
+    another protocol (Responses, Messages) decoded its request into."""
     messages = normalize_messages(raw.get("messages"))
     n = raw.get("n")
     if n is not None and (not _is_int(n) or n != 1):

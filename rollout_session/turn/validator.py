@@ -1,7 +1,8 @@
-"""Validating worker answers, and where that runs.
+"""Where an engine's answer check runs.
 
-`AnswerValidator.validate` is `validation.check_answer` (pure, strict) run in
-the place its cost calls for: inline or on a thread (through `Offload`) for
+`AnswerValidator.validate` runs an engine's pure, strict check (for
+`sglang-chat`, `engines.sglang_chat.answer.check_answer`) in the place its
+cost calls for: inline or on a thread (through `Offload`) for
 most answers, in one of `--parse-processes` worker processes for answers
 over `--process-threshold-kb`. A process is the only place a 1 MiB decode
 does not hold this process's GIL, so the loop keeps answering /health and
@@ -12,15 +13,19 @@ The answer and the result's arrays travel in a hand-off file, not the pipe.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 import trio
 import trio_parallel
 
-from ..engines.answer import AnswerCheck, WorkerAnswer, check_answer, decode_cost
 from .handoff import Handoff
 from .offload import Offload
 
 __all__ = ["AnswerValidator"]
+
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 class AnswerValidator:
@@ -38,22 +43,18 @@ class AnswerValidator:
         self.processes: trio_parallel.WorkerContext | None = None
         self.handoff: Handoff | None = None
 
-    async def validate(
-        self, body: bytes, check: AnswerCheck
-    ) -> tuple[WorkerAnswer, tuple[bytes, int] | None]:
-        """`check_answer(body, check)`, wherever its cost says.
+    async def validate(self, check: Callable[[bytes, A], R], body: bytes, arg: A, cost: int) -> R:
+        """`check(body, arg)`, wherever its `cost` (bytes that cost decode
+        time) says: the engines' `Validation`.
 
         Not cancellable once in a process: a cancelled turn waits the few ms
         the job has left, then the cancellation applies.
         """
-        cost = decode_cost(body, experts=check.experts_from is not None)
         workers, handoff = self.processes, self.handoff
         if workers is None or handoff is None or cost <= self._process_threshold:
-            return await self._offload.run(cost, check_answer, body, check)
+            return await self._offload.run(cost, check, body, arg)
         async with self._process_limiter:
-            return await handoff.run_sync(
-                workers, check_answer, body, check, limiter=self._unbounded
-            )
+            return await handoff.run_sync(workers, check, body, arg, limiter=self._unbounded)
 
     async def run(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Own the validation processes until cancelled (app shutdown).

@@ -332,10 +332,12 @@ async def test_keys_across_the_fleet(
             headers={"Authorization": f"Bearer {doc['api_key']}"},
         )
         assert turn.status_code == 200, turn.text
-        # Redirected before the key check: the owner is no secret.
-        moved = await http.get(f"{urls[0]}/sessions/{session_id}")
+        # Redirected once the edge has checked the key, like every route.
+        assert (await http.get(f"{urls[0]}/sessions/{session_id}")).status_code == 401
+        moved = await http.get(f"{urls[0]}/sessions/{session_id}", headers=trainer)
         assert moved.status_code == 307
-        assert (await http.get(moved.headers["location"])).status_code == 401
+        owner = await http.get(moved.headers["location"], headers=trainer)
+        assert owner.status_code == 200, owner.text
         extra = "http://127.0.0.1:9"
         denied = await http.post(f"{urls[0]}/workers", json={"url": extra}, headers=trainer)
         assert denied.status_code == 403

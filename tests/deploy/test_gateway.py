@@ -1,5 +1,5 @@
 """The session server behind the real SGLang gateway, `smg` from PyPI, in
-front of emulator workers (docs/deploy.md#behind-smg).
+front of emulator workers (docs/deploy.md#behind-smg-the-sglang-gateway).
 
 smg runs as its own process (`python -m smg launch`, the command deploy.md
 gives) on free loopback ports. Skipped when smg is not installed (it is the

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from rollout_session import Settings
-from rollout_session.cli.main import add_serve_arguments, settings_from_args
+from rollout_session.cli.options import add_serve_arguments, settings_from_args
 
 
 @pytest.mark.parametrize(

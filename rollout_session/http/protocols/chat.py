@@ -1,6 +1,6 @@
 """The chat route, ``POST /sessions/{id}/v1/chat/completions``: every agent turn.
 
-Served by the HTTP edge itself (`http_edge.FastRoute`), not through Quart:
+Served by the HTTP edge itself (`edge.FastRoute`), not through Quart:
 Quart's per-request machinery (request and app contexts, URL matching, a
 task per request, werkzeug headers) is CPU every turn would pay
 (docs/performance.md#chat-route-below-quart). The edge has already
@@ -10,7 +10,7 @@ what it raises; this module turns a turn's outcome into the response.
 
 from __future__ import annotations
 
-from ...engines.upstream import UpstreamReply
+from ...engines.base import AgentReply
 from ..context import ServerContext
 from ..edge import FastRoute, RawResponse, session_route
 from .sse import sse_answer, sse_body
@@ -41,7 +41,7 @@ def chat_route(ctx: ServerContext) -> FastRoute:
     return FastRoute(method="POST", match=chat_session_id, handle=handle)
 
 
-def passthrough(reply: UpstreamReply) -> RawResponse:
+def passthrough(reply: AgentReply) -> RawResponse:
     """The worker's answer as it came (its status, headers and body)."""
     content_type = next((v for k, v in reply.headers if k == b"content-type"), _JSON)
     headers = [(k, v) for k, v in reply.headers if k != b"content-type"]

@@ -1,8 +1,8 @@
 """The Messages routes, ``POST /sessions/{id}/v1/messages`` and
 ``…/v1/messages/count_tokens``: a turn asked in the Anthropic Messages API
-(conversion: `anthropic_messages`).
+(conversion: `messages_codec`).
 
-Served by the HTTP edge, like the chat route (chat_route.py): the edge has
+Served by the HTTP edge, like the chat route (`chat.py`): the edge has
 checked the key and read the body. Every error on these routes, the edge's
 own included (401, 413, …), is rendered in Anthropic's error shape
 (`render_error`), so the ``anthropic`` SDK raises its typed exception.
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import orjson
 
-from ...turn.plan import plan_turn
-from ...turn.request import parse_chat_request
+from ...turn.request import chat_request
 from ..context import ServerContext
 from ..edge import FastRoute, RawResponse, error_response, json_answer, session_route
 from .messages_codec import (
@@ -54,7 +53,9 @@ def messages_routes(ctx: ServerContext) -> list[FastRoute]:
 
     async def messages(session_id: str, body: bytes) -> RawResponse:
         request = await ctx.offload.run(len(body), parse_messages_request, body)
-        outcome = await ctx.turn_runner.run(session_id, orjson.dumps(request.chat))
+        outcome = await ctx.turn_runner.run(
+            session_id, body, lambda _session: chat_request(request.chat)
+        )
         reply = outcome.reply
         if reply.status != 200:
             # The worker's own error (nothing committed), in Anthropic's shape.
@@ -67,13 +68,8 @@ def messages_routes(ctx: ServerContext) -> list[FastRoute]:
 
     async def count_tokens(session_id: str, body: bytes) -> RawResponse:
         request = parse_messages_request(body, count_only=True)
-        chat = parse_chat_request(orjson.dumps(request.chat))
-        runner = ctx.turn_runner
-        # Pure: the prompt the turn would send, nothing committed. On the
-        # loop, not a thread: the session may not change while it is read
-        # (a turn's commit runs on the loop too).
-        plan = plan_turn(ctx.registry.get(session_id), chat, runner.tokenizer, runner.policy)
-        return json_answer(200, orjson.dumps({"input_tokens": len(plan.input_ids)}))
+        count = ctx.turn_runner.count_tokens(session_id, lambda _s: chat_request(request.chat))
+        return json_answer(200, orjson.dumps({"input_tokens": count}))
 
     return [
         FastRoute(

@@ -6,10 +6,10 @@ token-in/token-out, sticky worker, strict validation, commit, segments), and
 the worker's chat answer is rendered back as an Anthropic ``Message``
 (`render_message`) or as its documented event stream (`message_events`).
 Errors on these routes take Anthropic's shape (`error_body`). Only the
-conversion lives here; the route is messages_route.py.
+conversion lives here; the route is `messages.py`.
 
 Conversion (docs/api.md#post-sessionsidv1messages), deterministic so that a
-re-sent history converts to what the session stored (messages.py matches it):
+re-sent history converts to what the session stored (`prompt/messages.py` matches it):
 
 - ``system`` (a string or text blocks) → a first ``system`` message; a
   ``system`` message within ``messages`` → a ``system`` message there.

@@ -1,7 +1,7 @@
 """The Responses route, ``POST /sessions/{id}/v1/responses``: a turn asked in
-the OpenAI Responses API (conversion: `openai_responses`).
+the OpenAI Responses API (conversion: `responses_codec`).
 
-Served by the HTTP edge, like the chat route (chat_route.py): the edge has
+Served by the HTTP edge, like the chat route (`chat.py`): the edge has
 checked the key and read the body, and renders what this raises.
 """
 
@@ -12,11 +12,13 @@ from collections.abc import Sequence
 import orjson
 
 from ...prompt.messages import Message
+from ...session.session import Session
+from ...turn.request import ChatRequest
 from ..context import ServerContext
 from ..edge import FastRoute, RawResponse, json_answer, session_route
 from .chat import passthrough
 from .responses_codec import (
-    chat_body,
+    chat_of,
     parse_responses_request,
     render_response,
     response_events,
@@ -36,15 +38,20 @@ def responses_route(ctx: ServerContext) -> FastRoute:
 
     async def handle(session_id: str, body: bytes) -> RawResponse:
         request = await ctx.offload.run(len(body), parse_responses_request, body)
-        history: Sequence[Message] = ()
         previous = request.previous_response_id
-        if previous is not None:
-            # The session holds the conversation: the previous response's
-            # part of it comes first (O(history), once per request).
-            session = ctx.registry.get(session_id)
-            turn = turn_of_response(previous, len(session.earlier), session.trajectory.turns)
-            history = session.conversation.messages()[: turn.messages_end]
-        outcome = await ctx.turn_runner.run(session_id, chat_body(request, history))
+
+        def decode(session: Session) -> ChatRequest:
+            # Inside the turn's slot: the session holds the conversation, and
+            # the previous response's part of it comes first (O(history),
+            # once per request).
+            history: Sequence[Message] = ()
+            if previous is not None:
+                turns = session.trajectory.turns
+                turn = turn_of_response(previous, len(session.earlier), turns)
+                history = session.conversation.messages()[: turn.messages_end]
+            return chat_of(request, history)
+
+        outcome = await ctx.turn_runner.run(session_id, body, decode)
         if outcome.reply.status != 200 or outcome.turn is None:
             return passthrough(outcome.reply)  # the worker's own error, as on the chat route
         answer = orjson.loads(outcome.reply.body)

@@ -42,12 +42,12 @@ import orjson
 from ...errors import InvalidRequest
 from ...prompt.messages import Message
 from ...session.trajectory import Turn
-from ...turn.request import parse_json_object, tool_list
+from ...turn.request import ChatRequest, chat_request, parse_json_object, tool_list
 from .sse import encode_typed_events, text_pieces
 
 __all__ = [
     "ResponsesRequest",
-    "chat_body",
+    "chat_of",
     "parse_responses_request",
     "render_response",
     "response_events",
@@ -137,7 +137,7 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     return ResponsesRequest(raw, messages, chat, stream, previous)
 
 
-def chat_body(request: ResponsesRequest, history: Sequence[Message]) -> bytes:
+def chat_of(request: ResponsesRequest, history: Sequence[Message]) -> ChatRequest:
     """The chat request: `history` (a previous response's conversation), then
     the request's own messages. With history, `instructions` replace its
     first system message rather than adding one (OpenAI does not carry a
@@ -152,7 +152,7 @@ def chat_body(request: ResponsesRequest, history: Sequence[Message]) -> bytes:
             else:
                 own.insert(0, system)
         messages = own + messages
-    return orjson.dumps({**request.chat, "messages": messages, "stream": False})
+    return chat_request({**request.chat, "messages": messages, "stream": False})
 
 
 def _text(content: Any, where: str) -> str:

@@ -1,7 +1,7 @@
 """HTTP routes (docs/api.md#errors): thin adapters from Quart requests to the context.
 
 Handlers parse the request, call into sessions/turns/export and build the
-response; they hold no state of their own. The HTTP edge (`http_edge`) has
+response; they hold no state of their own. The HTTP edge (`http/edge.py`) has
 checked the API key and the method and read the whole body before one runs.
 """
 
@@ -19,11 +19,11 @@ from quart_trio import QuartTrio
 from ...engines.kv_sessions import PRIORITY_RANGE, is_priority
 from ...errors import InvalidRequest, JournalUnavailable
 from ...export.document import VIEWS, ExportStatus, parse_include, serialize, view_document
-from ...fleet.shards import own_url
 from ...session.session import Session, SessionState
 from ...turn.request import parse_json_object
 from ..auth import SessionKeys
 from ..context import ServerContext
+from ..fleet import own_url
 
 __all__ = ["register_routes"]
 

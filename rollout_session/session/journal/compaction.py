@@ -1,7 +1,7 @@
 """Compaction's output: a new segment holding a snapshot of every live session.
 
 Owns writing that segment beside the live one (as ``….log.tmp``, then
-installed by `journal_format.install_segment`) while the event loop keeps
+installed by `format.install_segment`) while the event loop keeps
 running, and the bookkeeping that lets the journal's writer switch over
 without losing or duplicating a record. When to compact, and flushing the
 queue into the old segment first, stay with the writer in `journal`.

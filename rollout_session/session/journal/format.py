@@ -3,8 +3,8 @@
 Owns the bytes: how a record is framed (`encode`, `write_records`), how a
 segment is named and installed (`install_segment`), and the errors of the
 files. Reading a segment back (streamed, resynchronising after damage) is
-`journal_reader`. It knows nothing about sessions: what a record means, and
-how records rebuild sessions, is `journal_records`; the journal itself
+`reader`. It knows nothing about sessions: what a record means, and
+how records rebuild sessions, is `records`; the journal itself
 (writer, compaction, recovery) is `journal`.
 
 A journal directory holds segments ``journal-NNNNNN.log`` (N grows by one per
@@ -28,7 +28,7 @@ base64 vs 1.7 ms orjson numpy lists).
 Every meta is written with ``"t"`` first, so every frame holds the magic
 ``{"t":"`` at byte 12 (`MAGIC`): inside a JSON string those bytes would be
 escaped, and blobs match them only by chance (then the crc refuses them).
-It is what reading resynchronises on after damage (`journal_reader`).
+It is what reading resynchronises on after damage (`reader`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reading a journal segment back: streamed, resynchronising after damage.
 
-Owns replay's side of the bytes (`journal_format` owns their framing):
+Owns replay's side of the bytes (`format` owns their framing):
 `replay_segment` hands each record of a segment over in order, reading it a
 window at a time through positional reads, so memory is one window (or the
 largest record) whatever the segment's size; records are views into their

@@ -4,10 +4,10 @@ Owns what a record means: the meta and blobs of each event of a journaled
 session (built on the event loop from the state the change left, O(new
 tokens)), and `Replay`, which applies records in order to rebuild sessions
 and checks every one against the invariants `Trajectory.commit` trusts. How
-records are framed and stored in segment files is `journal_format`.
+records are framed and stored in segment files is `format`.
 
 Records (meta ``"t"``), ``id`` being the session id (``begin``, the first
-record of every segment, belongs to `journal_format`):
+record of every segment, belongs to `format`):
 
 - ``create`` ``md`` metadata, ``ca`` created_at, ``ttl`` ttl_s, ``pri`` priority
   (only when set).

@@ -8,8 +8,8 @@ segment into sessions (streamed: memory is the sessions it restores plus one
 read window), and counting its live and dead bytes so the journal can decide
 at once whether to append to it or compact first (also when damage was
 skipped in its middle: the rewrite leaves it behind). The segment rules are
-in `journal_format`, reading them in `journal_reader`; what the records
-mean, in `journal_records`.
+in `format`, reading them in `reader`; what the records
+mean, in `records`.
 """
 
 from __future__ import annotations

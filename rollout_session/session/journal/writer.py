@@ -5,9 +5,9 @@ Owns the journal of a running server: the events of journaled sessions
 durable off the event loop (`run`, `wait_durable`), deciding when to compact
 and switching to the compacted segment, recovering from a failed write, and
 `aclose`. Opening a directory (lock, leftovers, replay) is
-`journal_recovery`; writing a compacted segment, `journal_compaction`; the
-records, `journal_records`; the files and their framing, `journal_format`;
-reading them back, `journal_reader`.
+`recovery`; writing a compacted segment, `compaction`; the
+records, `records`; the files and their framing, `format`;
+reading them back, `reader`.
 
 Contract with the caller (the session store): every in-memory change of a
 journaled session is reported right after it happens, with no ``await`` in

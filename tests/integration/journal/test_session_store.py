@@ -30,7 +30,6 @@ import trio.testing
 from rollout_session.session.journal import format as journal_format
 from rollout_session.session.journal import writer as journal_module
 from rollout_session.session.journal.writer import Journal, JournalError
-from rollout_session.session.lifecycle import reap_once
 from rollout_session.session.session import Session, SessionState, TurnSlot
 from tests.conftest import Stack, StackFactory
 from tests.integration.session.test_turns import echo
@@ -291,7 +290,7 @@ async def test_the_reaper_changes_nothing_once_the_journal_failed(
     disk.full = True
     assert_unavailable(await stack.client.post("/sessions"))
     stack.ctx.registry.get(session_id).last_active_at -= 10_000  # long idle
-    reap_once(stack.ctx)
+    stack.ctx.expiry.once()
     assert await state_of(stack, session_id) == "open"
 
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from rollout_session import Settings
-from rollout_session.cli.main import serve
+from rollout_session.cli.run import serve
 from rollout_session.http import serving
 from rollout_session.http.app import server_context
 from rollout_session.session.journal.writer import Journal

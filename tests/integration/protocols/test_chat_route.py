@@ -73,7 +73,7 @@ async def test_unexpected_error_is_500_logged_and_releases(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("rollout_session.turn.runner.upstream_body", broken)
+    monkeypatch.setattr("rollout_session.engines.sglang_chat.engine.chat_body", broken)
     session_id = await stack.create()
     with caplog.at_level(logging.ERROR, logger="rollout_session"):
         response = await stack.chat(session_id, messages=USER)

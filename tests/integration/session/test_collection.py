@@ -20,7 +20,6 @@ import trio
 import trio.testing
 
 from rollout_session.client import SessionClient, TrajectoryLost
-from rollout_session.session.lifecycle import reap_once
 from rollout_session.session.session import SessionState
 from tests.conftest import Stack, StackFactory
 from tests.integration.journal.test_session_store import (
@@ -82,11 +81,11 @@ async def test_a_collected_session_is_readable_after_a_restart_then_forgotten(
     assert await pinned(restarted) == 0
 
     session = stack.ctx.registry.get(session_id)
-    reap_once(stack.ctx)
+    stack.ctx.expiry.once()
     assert await state_of(stack, session_id) == "closed"  # within its window
     assert session.closed_at is not None
     session.closed_at -= 61
-    reap_once(stack.ctx)
+    stack.ctx.expiry.once()
     assert_error(await stack.client.delete(f"/sessions/{session_id}"), 404, "session_not_found")
     assert_error(await stack.client.get(f"/sessions/{session_id}"), 404, "session_not_found")
     await settled(stack)
@@ -100,7 +99,7 @@ async def test_keep_collected_zero_forgets_at_the_next_pass(make_stack: StackFac
     session = stack.ctx.registry.get(session_id)
     assert session.closed_at is not None
     session.closed_at -= 0.001
-    reap_once(stack.ctx)
+    stack.ctx.expiry.once()
     assert_error(await stack.client.get(f"/sessions/{session_id}"), 404, "session_not_found")
 
 

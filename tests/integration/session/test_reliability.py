@@ -13,7 +13,7 @@ import trio.testing
 
 from rollout_session import Settings, create_app
 from rollout_session.http.app import server_context
-from rollout_session.session.lifecycle import reap_forever, reap_once
+from rollout_session.session.expiry import Expiry
 from rollout_session.session.session import Session, SessionRegistry, SessionState
 from rollout_session.session.store import SessionStore
 from rollout_session.testing import EmulatorConfig
@@ -32,7 +32,8 @@ async def test_idle_ttl_expiry_with_autojump_clock(
     ctx = server_context(
         create_app(Settings(workers=("http://127.0.0.1:9",), session_ttl_s=10, keep_closed_s=60))
     )
-    ctx.store = SessionStore(SessionRegistry(clock=trio.current_time), ctx.pool)
+    ctx.store = SessionStore(SessionRegistry(clock=trio.current_time), ctx.engine)
+    expiry = Expiry(ctx.store, default_ttl_s=10, keep_closed_s=60, keep_collected_s=60)
     idle = ctx.registry.create("idle")
     short = ctx.registry.create("short", ttl_s=2)
     busy = ctx.registry.create("busy")
@@ -45,7 +46,7 @@ async def test_idle_ttl_expiry_with_autojump_clock(
 
     with caplog.at_level(logging.WARNING, logger="rollout_session"):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(reap_forever, ctx)
+            nursery.start_soon(expiry.forever)
             nursery.start_soon(in_flight_turn)
             await trio.sleep(5)
             assert short.state is SessionState.EXPIRED and idle.state is SessionState.OPEN
@@ -73,7 +74,7 @@ async def test_expired_session_is_readable_until_collected(stack: Stack) -> None
     assert (await stack.chat(session_id, messages=USER)).status_code == 200
     session = stack.ctx.registry.get(session_id)
     session.last_active_at -= 10_000  # idle for long
-    reap_once(stack.ctx)
+    stack.ctx.expiry.once()
     response = await stack.chat(session_id, messages=USER)
     assert response.status_code == 404 and response.json()["error"]["code"] == "session_not_found"
     doc = await stack.trajectory(session_id)

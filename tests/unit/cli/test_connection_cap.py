@@ -1,10 +1,10 @@
-"""The connection cap within the process's file descriptor limit (cli.py)."""
+"""The connection cap within the process's file descriptor limit (cli/run.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from rollout_session.cli.main import connection_cap
+from rollout_session.cli.run import connection_cap
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from rollout_session.engines.answer import (
+from rollout_session.engines.sglang_chat.answer import (
     AnswerCheck,
     check_answer,
     decode_cost,

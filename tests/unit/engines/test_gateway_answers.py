@@ -1,6 +1,6 @@
 """What a turn takes from an answer that came through a gateway (smg): the
 worker it names, the headers an agent gets, and routed experts that are
-missing although asked for (docs/deploy.md#behind-smg)."""
+missing although asked for (docs/deploy.md#behind-smg-the-sglang-gateway)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import logging
 import orjson
 import pytest
 
-from rollout_session.engines.answer import AnswerCheck, check_answer
+from rollout_session.engines.sglang_chat.answer import AnswerCheck, check_answer
 from rollout_session.engines.upstream import UpstreamReply, forwardable_headers, routed_worker
 from rollout_session.errors import UpstreamMalformed
 from tests import FIXTURES

@@ -17,12 +17,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_session.engines.answer import WorkerAnswer
-from rollout_session.engines.upstream import UpstreamReply
-from rollout_session.prompt.messages import Message
+from rollout_session.prompt.messages import Message, assistant_message
 from rollout_session.prompt.model_output import answer_ids
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.session.commit import commit_turn
+from rollout_session.session.commit import Sampled, commit_turn
 from rollout_session.session.segments import Divergence
 from rollout_session.session.session import Session, TurnSlot
 from rollout_session.turn.plan import TurnPolicy, plan_turn
@@ -33,7 +31,6 @@ POLICY = TurnPolicy(
     max_rollback_turns=1,
     chat_template_kwargs={},
 )
-REPLY = UpstreamReply(200, [], b"", "http://w", 0.0)
 OPS = ("extend", "retry", "edit", "drop", "compact", "system")
 
 
@@ -57,20 +54,20 @@ class Episode:
             self.answers.pop()
         answer: Message = {"role": "assistant", "content": f"answer {self.step}."}
         ids = answer_ids(tok, messages, answer, tools=None, kwargs={})
-        worker_answer = WorkerAnswer(
+        sampled = Sampled(
             ids=np.asarray(ids, np.int32),
             logprobs=np.full(len(ids), -0.5, np.float32),
-            content=str(answer["content"]),
-            tool_calls=[],
-            reasoning_content=None,
+            message=assistant_message(str(answer["content"]), [], None),
             finish_reason="stop",
-            cached_tokens=None,
-            weight_version=None,
             model=None,
+            weight_version=None,
+            cached_tokens=None,
+            worker="http://w",
+            latency_s=0.0,
         )
         slot = TurnSlot(started_at=0.0)
         self.session.slot = slot
-        commit_turn(self.session, slot, plan, worker_answer, REPLY, float(self.step))
+        commit_turn(self.session, slot, plan, sampled, float(self.step))
         self.session.slot = None
         self.answers.append(ids)
         self.request = messages

@@ -469,7 +469,7 @@ async def test_wait_durable_returns_only_after_its_records_are_written(tmp_path:
 async def test_a_writer_bug_is_fatal_and_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Not a disk error (those are recovered from, tests/unit/test_journal_failures.py):
+    """Not a disk error (those are recovered from, tests/unit/session/journal/test_failures.py):
     raised, and the journal takes nothing more."""
     journal, _ = await Journal.open(tmp_path)
 

@@ -9,13 +9,14 @@ to the owner, and a shard finds the owner without asking anyone. Shards
 share no state and never agree on anything: each request is answered from
 the URLs alone (docs/deploy.md#a-fleet).
 
-Two ASGI layers, around the app's HTTP edge (`http_edge.HttpEdge`):
+Two parts, both behind the app's HTTP edge (`edge.HttpEdge`: the key is
+checked first, and bodies are read by the edge's one reader):
 
-- `FleetRedirect`, outside it: a session's routes (``/sessions/{id}…``, and
-  root ``/v1/…`` requests naming a session) on a shard that does not own
-  the id answer 307 to the owner, same path and query. Outside the edge so
-  that the fast chat routes, which never reach Quart, are redirected too.
-- `FleetRoutes`, inside it (the key is checked and the body read): ``POST
+- `Fleet.redirect`, asked by the edge for every request naming a session
+  (``/sessions/{id}…``, and root ``/v1/…`` requests naming one): on a shard
+  that does not own the id the answer is 307 to the owner, same path and
+  query, fast routes included.
+- `FleetRoutes`, an ASGI layer between the edge and Quart: ``POST
   /sessions`` on any shard creates the session on its owner (a missing id
   is drawn here, so that it is owned), ``?fleet=1`` on ``GET /health``,
   ``/workers``, ``/metrics`` and ``/sessions`` answers for the whole fleet,
@@ -52,20 +53,17 @@ from prometheus_client.registry import Collector
 from ..client import rendezvous_owner
 from ..config import Settings
 from ..errors import InternalError, InvalidRequest, RolloutSessionError, ShardUnavailable
-from ..http.edge import (
-    BODY_TIMEOUT_S,
+from ..session.session import Session
+from .edge import (
     RawResponse,
-    ambiguous_framing,
     error_response,
     replay,
     route_path,
     send_response,
 )
-from ..http.metrics import CONTENT_TYPE
-from ..http.session_routing import SessionRouting
-from ..session.session import SESSION_ID, Session
+from .metrics import CONTENT_TYPE
 
-__all__ = ["Fleet", "FleetRedirect", "FleetRoutes", "own_url"]
+__all__ = ["Fleet", "FleetRoutes", "own_url"]
 
 logger = logging.getLogger("rollout_session")
 
@@ -112,6 +110,19 @@ class Fleet:
     def owns(self, session_id: str) -> bool:
         return self.owner(session_id) == self.url
 
+    def redirect(self, session_id: str, path: str, query: bytes) -> RawResponse | None:
+        """307 to the shard that owns `session_id`, same path and query; None
+        when this shard owns it. The HTTP edge asks, once it has checked the
+        key and before it reads the body."""
+        owner = self.owner(session_id)
+        if owner == self.url:
+            return None
+        location = owner + quote(path, safe=_PATH_SAFE)
+        if query:
+            location += "?" + query.decode("latin-1")
+        body = {"session_id": session_id, "location": location}
+        return _json(307, body, [(b"location", location.encode())])
+
 
 def own_url(settings: Settings) -> str:
     """This server's URL in its fleet; "" for a server on its own (its
@@ -133,75 +144,6 @@ def _header(scope: HTTPScope, name: bytes) -> bytes:
 
 def _json(status: int, data: Any, headers: Sequence[tuple[bytes, bytes]] = ()) -> RawResponse:
     return RawResponse(status, [(b"content-type", _JSON), *headers], orjson.dumps(data))
-
-
-class FleetRedirect:
-    """ASGI middleware outside the HTTP edge: a session's request on the
-    wrong shard is answered 307 to its owner (module doc)."""
-
-    def __init__(
-        self, app: ASGIFramework, fleet: Fleet, routing: SessionRouting, max_body_bytes: int
-    ) -> None:
-        self._app = app
-        self._fleet = fleet
-        self._routing = routing
-        self._limit = max_body_bytes
-
-    def _session_of(self, scope: HTTPScope, path: str) -> str | None:
-        if path.startswith(_SESSIONS):
-            found = path[len(_SESSIONS) :].split("/", 1)[0]
-            # No session could have another id: this shard answers 404.
-            return found if SESSION_ID.fullmatch(found) else None
-        try:
-            routed = self._routing.route(path, scope["headers"])
-        except RolloutSessionError:
-            return None  # the edge answers it
-        return None if routed is None else routed[1]
-
-    async def __call__(
-        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        path = route_path(scope)
-        session_id = None if path is None else self._session_of(scope, path)
-        # Ambiguous framing is the edge's to refuse (and close), wherever it goes.
-        if (
-            path is None
-            or session_id is None
-            or self._fleet.owns(session_id)
-            or ambiguous_framing(scope["headers"])
-        ):
-            await self._app(scope, receive, send)
-            return
-        location = self._fleet.owner(session_id) + quote(path, safe=_PATH_SAFE)
-        if scope["query_string"]:
-            location += "?" + scope["query_string"].decode("latin-1")
-        headers = [(b"location", location.encode())]
-        # Drain or close (http_edge's module doc): the connection carries
-        # the next request only once this one's body is read.
-        if not await _drain(receive, self._limit):
-            headers.append((b"connection", b"close"))
-        body = {"session_id": session_id, "location": location}
-        await send_response(send, _json(307, body, headers))
-
-
-async def _drain(receive: ASGIReceiveCallable, limit: int) -> bool:
-    """Read the request body and drop it; False if it could not be (too
-    large, too slow, the client gone): the connection must close."""
-    size = 0
-    with trio.move_on_after(BODY_TIMEOUT_S):
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return False
-            size += len(message.get("body", b""))
-            if size > limit:
-                return False
-            if not message.get("more_body", False):
-                return True
-    return False
 
 
 Handler = Callable[[HTTPScope, bytes, ASGIReceiveCallable], Awaitable[RawResponse | None]]

@@ -7,7 +7,7 @@ import pytest
 from rollout_session.client import SessionClient, rendezvous_owner
 from rollout_session.config import Settings
 from rollout_session.fleet.processes import shard_command
-from rollout_session.fleet.shards import Fleet, own_url
+from rollout_session.http.fleet import Fleet, own_url
 
 WORKER = "http://127.0.0.1:30000"
 URLS = ("http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002")

@@ -25,8 +25,8 @@ import msgspec
 import numpy as np
 import pybase64
 
-from ..errors import UpstreamMalformed
-from ..session.trajectory import IdArray, LogprobArray
+from ...errors import UpstreamMalformed
+from ...tokens import IdArray, LogprobArray
 
 __all__ = [
     "AnswerCheck",

@@ -1,0 +1,45 @@
+"""``rollout-session check-template``: whether ``serve`` would start with a
+tokenizer's chat template, case by case (`prompt.check`). Its flags cost
+nothing to add; the tokenizer stack is imported when the check runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import Settings
+from .options import _csv, _json_object
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``check-template`` flags to `parser`."""
+    defaults = Settings(demo=True)
+    parser.add_argument("--tokenizer", required=True, help="HF tokenizer (model) directory")
+    parser.add_argument("--chat-template", help="template file, or built-in: chatml, qwen3")
+    parser.add_argument("--chat-template-kwargs", type=_json_object, default={}, help="JSON object")
+    parser.add_argument(
+        "--append-roles",
+        type=_csv,
+        default=defaults.append_roles,
+        help="roles agents may append (decides which cases `serve` would refuse)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the conformance report; 0 if `serve` would start, else 1."""
+    from ..prompt.check import check_template, format_report, startup_problems
+    from ..prompt.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer, args.chat_template)
+    results = check_template(tokenizer, args.chat_template_kwargs)
+    print(format_report(results))
+    problems = startup_problems(results, args.append_roles)
+    if problems:
+        print("\nserve would refuse to start with this template:")
+        for problem in problems:
+            print(f"  - {problem}")
+        return 1
+    print("\nserve would start with this template.")
+    return 0

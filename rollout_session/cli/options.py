@@ -1,0 +1,225 @@
+"""The ``serve`` flags and `Settings`, both ways: the flag table, the parser
+they build, the Settings a parse gives, and the small value parsers.
+
+Every ``serve`` flag mirrors a `Settings` field and can also be given as the
+environment variable ``ROLLOUT_SESSION_<FLAG>`` (dashes → underscores, upper
+case); a flag on the command line wins over the environment. Light: imports
+`config` and nothing of the server (``serve --help`` and a fleet's shard
+commands use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+from ..config import Settings
+from ..engines.kv_sessions import KvMode
+
+__all__ = [
+    "ENV_PREFIX",
+    "SERVE_OPTIONS",
+    "add_serve_arguments",
+    "settings_from_args",
+]
+
+ENV_PREFIX = "ROLLOUT_SESSION_"
+
+
+def _csv(value: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in value.split(",") if part.strip())
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    data = orjson.loads(value)
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return data
+
+
+def _optional_float(value: str) -> float | None:
+    return None if value.lower() in {"none", "off", ""} else float(value)
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if value.lower() in {"0", "false", "no", "off", ""}:
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
+
+
+# (flag, Settings field, type, help). The default always comes from Settings.
+SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
+    ("--host", "host", str, "bind address"),
+    ("--port", "port", int, "bind port (0 = any free port)"),
+    ("--tokenizer", "tokenizer", str, "HF tokenizer dir (default: ask the first worker)"),
+    ("--chat-template", "chat_template", str, "template file, or built-in: chatml, qwen3"),
+    ("--chat-template-kwargs", "chat_template_kwargs", _json_object, "JSON object"),
+    ("--append-roles", "append_roles", _csv, "roles an agent may append, comma-separated"),
+    (
+        "--on-divergence",
+        "on_divergence",
+        str,
+        "a request that does not extend the session: segment (new segment), rollback, error",
+    ),
+    ("--max-rollback-turns", "max_rollback_turns", int, "turns --on-divergence rollback drops"),
+    ("--prompt-mode", "prompt_mode", str, "tito (token-in/token-out) or render (whole request)"),
+    ("--max-segments", "max_segments", int, "segments per session; more → 400"),
+    ("--session-header", "session_header", str, "header naming the session on /v1 at the root"),
+    ("--context-length", "context_length", int, "model context (default: from worker)"),
+    (
+        "--upstream-model",
+        "upstream_model",
+        str,
+        "model sent upstream: served (the name the worker or gateway lists), agent "
+        "(the agent's own), or a fixed NAME",
+    ),
+    ("--upstream-timeout-s", "upstream_timeout_s", float, "whole-turn worker timeout"),
+    ("--connect-timeout-s", "connect_timeout_s", float, "worker connect timeout"),
+    ("--upstream-max-connections", "upstream_max_connections", int, "pool size per worker"),
+    ("--cpu-threads", "cpu_threads", int, "threads for large parse/validate work"),
+    ("--offload-threshold-kb", "offload_threshold_kb", int, "offload bodies over this size"),
+    ("--parse-processes", "parse_processes", int, "processes validating large answers (0: none)"),
+    ("--process-threshold-kb", "process_threshold_kb", int, "validate answers over this in one"),
+    ("--max-body-mb", "max_body_mb", float, "largest accepted request body"),
+    (
+        "--max-answer-mb",
+        "max_answer_mb",
+        _optional_float,
+        "largest accepted worker answer (default 64; 1024 with --routed-experts)",
+    ),
+    (
+        "--worker-hosts",
+        "worker_hosts",
+        _csv,
+        "allowed worker hosts: names, IPs, CIDR networks, each with an optional :port",
+    ),
+    ("--max-connections", "max_connections", int, "open client connections; more wait"),
+    (
+        "--kv-sessions",
+        "kv_sessions",
+        str,
+        "worker-side KV sessions: off, or hint (session id each turn, /close_session at "
+        "the end; workers need --enable-session-radix-cache; docs/kv-sessions.md)",
+    ),
+    ("--default-priority", "default_priority", int, "SGLang priority of sessions without one"),
+    ("--placement", "placement", str, "sticky-least-loaded, consistent-hash, round-robin"),
+    ("--health-interval-s", "health_interval_s", float, "seconds between worker probes"),
+    ("--health-timeout-s", "health_timeout_s", float, "worker probe timeout"),
+    ("--unhealthy-after", "unhealthy_after", int, "consecutive failures → unhealthy"),
+    ("--healthy-after", "healthy_after", int, "consecutive probe successes → healthy"),
+    ("--circuit-failures", "circuit_failures", int, "consecutive failed turns → circuit open"),
+    ("--circuit-successes", "circuit_successes", int, "half-open chat probes → circuit closed"),
+    ("--circuit-open-s", "circuit_open_s", float, "seconds open before half-open probes"),
+    ("--api-key", "api_key", str, "the trainer's key: sessions need it (docs/security.md)"),
+    ("--admin-api-key", "admin_api_key", str, "the operator's key: workers, pause, metrics"),
+    ("--session-ttl-s", "session_ttl_s", _optional_float, "idle expiry ('none' = never)"),
+    ("--keep-closed-s", "keep_closed_s", float, "keep expired sessions for collection"),
+    ("--keep-collected-s", "keep_collected_s", float, "collected sessions stay readable"),
+    ("--max-sessions", "max_sessions", int, "more → 429 too_many_sessions"),
+    ("--max-session-tokens", "max_session_tokens", int, "prompt + max_tokens cap"),
+    ("--pause-wait-s", "pause_wait_s", float, "while paused, turns wait this long"),
+    ("--shutdown-grace-s", "shutdown_grace_s", float, "SIGTERM: time for in-flight turns"),
+    ("--journal", "journal", str, "durable journal directory (off by default)"),
+    ("--journal-fsync", "journal_fsync", str, "always, interval or never"),
+    ("--journal-fsync-interval-s", "journal_fsync_interval_s", float, "for --journal-fsync"),
+    ("--journal-retry-s", "journal_retry_s", float, "after a failed write, retry after"),
+    ("--demo-workers", "demo_workers", int, "emulator workers started by --demo"),
+    ("--processes", "processes", int, "start this many shards on this host (a fleet)"),
+    ("--shard", "shard", int, "this server's index in --fleet"),
+    ("--log-level", "log_level", str, "debug, info, warning, error"),
+)
+
+
+def _env_default(
+    env: Mapping[str, str], dest: str, kind: Callable[[str], Any], default: Any
+) -> Any:
+    raw = env.get(ENV_PREFIX + dest.upper())
+    return default if raw is None else kind(raw)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Add the ``serve`` flags to `parser`, their defaults from `env` or `Settings`."""
+    defaults = Settings(demo=True)
+    for flag, dest, kind, help_text in SERVE_OPTIONS:
+        default = _env_default(env, dest, kind, getattr(defaults, dest))
+        parser.add_argument(flag, dest=dest, type=kind, default=default, help=help_text)
+    workers_env = env.get(ENV_PREFIX + "WORKERS", "")
+    parser.add_argument(
+        "--worker",
+        dest="workers",
+        action="append",
+        default=None,
+        help="SGLang worker base URL (repeatable; env: comma-separated WORKERS)",
+    )
+    parser.set_defaults(workers_env=[w for w in workers_env.split(",") if w.strip()])
+    fleet_env = env.get(ENV_PREFIX + "FLEET", "")
+    parser.add_argument(
+        "--fleet",
+        dest="fleet",
+        action="append",
+        default=None,
+        help="every fleet shard's URL, in order (repeatable; env: comma-separated FLEET; "
+        "docs/deploy.md#a-fleet)",
+    )
+    parser.set_defaults(fleet_env=[u for u in fleet_env.split(",") if u.strip()])
+    parser.add_argument(
+        "--listen-fd",
+        type=int,
+        default=None,
+        help="serve on this bound socket, inherited, instead of --host/--port",
+    )
+    parser.add_argument(
+        "--sglang-session-cache",
+        action="store_true",
+        default=_env_default(env, "sglang_session_cache", _bool, False),
+        help="the same as --kv-sessions hint (kept for existing command lines)",
+    )
+    parser.add_argument(
+        "--routed-experts",
+        action="store_true",
+        default=_env_default(env, "routed_experts", _bool, False),
+        help="record MoE routed experts per token (R3), asking only for new positions",
+    )
+    parser.add_argument(
+        "--auto-create-sessions",
+        action="store_true",
+        default=_env_default(env, "auto_create_sessions", _bool, False),
+        help="a root /v1 request naming a session id never held creates that session",
+    )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        default=_env_default(env, "demo", _bool, False),
+        help="start the built-in SGLang emulator in-process (no GPU needed); it uses "
+        "--tokenizer and --chat-template when given",
+    )
+    parser.add_argument(
+        "--demo-reasoning",
+        action="store_true",
+        default=_env_default(env, "demo_reasoning", _bool, False),
+        help="demo workers answer like a reasoning model (e.g. with --chat-template qwen3)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The `Settings` a parse of the ``serve`` flags names (validated: a bad
+    value raises ValueError or TypeError)."""
+    values = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}
+    if args.sglang_session_cache and values["kv_sessions"] == "off":
+        values["kv_sessions"] = KvMode.HINT.value
+    workers = args.workers if args.workers is not None else args.workers_env
+    fleet = args.fleet if args.fleet is not None else args.fleet_env
+    return Settings(
+        **values,
+        workers=tuple(workers),
+        fleet=tuple(fleet),
+        demo=args.demo,
+        demo_reasoning=args.demo_reasoning,
+        routed_experts=args.routed_experts,
+        auto_create_sessions=args.auto_create_sessions,
+    )

@@ -1,0 +1,156 @@
+"""The engine seam: how a turn asks an inference engine for one completion.
+
+The turn runner hands an `Engine` the session (its id and worker pin) and an
+`EngineRequest` — the exact prompt ids and the agent's parsed request — and
+gets back a `Completion` (validated: what the trajectory records and what
+the agent is answered with) or a `Refusal` (the engine's own non-200 answer,
+which the agent gets as it came; nothing is committed). Nothing above this
+seam knows which engine answered.
+
+An engine owns everything in between: which worker (the pool: placement,
+failover), the wire format, strict validation of the answer (run where the
+`Validation` it was given puts it), and the worker's health accounting.
+
+Two capabilities later engines need are part of the seam's shape:
+- Continuing a partial completion (`EngineRequest.partial`): an engine that
+  cannot (`can_continue` is False) refuses such a request with
+  `CannotContinue` instead of sampling a fresh answer.
+- Per-session engine state: `adopt` and `release` bracket a session's life
+  on the engine (a session restored from the journal; one closed, expired
+  or forgotten). Between them an engine may keep what it needs per session
+  id; after `release` it keeps nothing of that session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from ..tokens import IdArray, LogprobArray
+
+__all__ = [
+    "AgentReply",
+    "CannotContinue",
+    "Completion",
+    "Engine",
+    "EngineRequest",
+    "EngineSession",
+    "Partial",
+    "Refusal",
+    "Validation",
+]
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+class EngineSession(Protocol):
+    """What an engine sees of a session: its id and its worker pin. The
+    engine (its pool) is the one writer of `worker`; the session store
+    journals and exports it."""
+
+    @property
+    def id(self) -> str: ...
+
+    worker: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """A completion interrupted before it finished: what was sampled so far
+    (the prompt is the request's `input_ids`; these follow it)."""
+
+    ids: IdArray
+    logprobs: LogprobArray
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineRequest:
+    """One completion to sample: the exact prompt and the agent's request."""
+
+    # The agent's request body as parsed and checked (sampling parameters,
+    # tools, stop, response_format, …): the engine translates it.
+    params: Mapping[str, Any]
+    input_ids: IdArray  # the whole prompt, token-in/token-out
+    template_kwargs: Mapping[str, Any]  # the chat-template kwargs the prompt was rendered with
+    vocab_size: int  # the tokenizer's: a sampled id at or above it is refused
+    max_tokens: int | None = None  # the session cap's remainder, for a request that set no limit
+    priority: int | None = None  # the session's scheduling priority
+    experts_from: int | None = None  # R3: routed experts from this position on; None: not asked
+    experts_width: int | None = None  # values per position stored so far (None: none yet)
+    partial: Partial | None = None  # continue this completion (engines that can)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReply:
+    """What the agent is answered with: an OpenAI chat completion (status
+    200) or the engine's own error, with the headers an agent may see."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Completion:
+    """A validated completion: everything the turn records, and the reply."""
+
+    ids: IdArray  # the sampled ids, in order
+    logprobs: LogprobArray  # one finite logprob ≤ 0 per sampled id
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    reasoning_content: str | None
+    finish_reason: str | None
+    model: str | None  # the model the engine says answered
+    weight_version: str | None  # the policy version the engine reports, if any
+    cached_tokens: int | None  # prompt tokens the engine reused from its cache
+    # R3: little-endian int32 routed-expert ids of the new positions, and
+    # values per position (None: not asked for).
+    experts: tuple[bytes, int] | None
+    worker: str  # the worker that generated it (behind a gateway, the one it routed to)
+    latency_s: float  # the engine's time for the request
+    reply: AgentReply
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The engine's own error answer (e.g. a prompt it finds too long): the
+    agent gets it as it came, and nothing of the turn is committed."""
+
+    reply: AgentReply
+    worker: str
+
+
+class CannotContinue(Exception):
+    """Asked to continue a partial completion on an engine that cannot."""
+
+
+class Validation(Protocol):
+    """Where an engine's pure answer check runs (inline, on a thread, in a
+    process: the turn wing's `AnswerValidator` decides by `cost`). `check`
+    must be a picklable module-level function."""
+
+    async def validate(
+        self, check: Callable[[bytes, A], R], body: bytes, arg: A, cost: int
+    ) -> R: ...
+
+
+class Engine(Protocol):
+    """One inference engine behind the seam (docs/architecture.md#the-engine-seam)."""
+
+    # Whether `complete` takes `EngineRequest.partial` (else CannotContinue).
+    can_continue: ClassVar[bool]
+
+    async def complete(
+        self, session: EngineSession, request: EngineRequest
+    ) -> Completion | Refusal:
+        """Sample one completion for `session`; raise the error tree's
+        `UpstreamError` family (nothing sampled, or nothing usable)."""
+        ...
+
+    def adopt(self, session: EngineSession) -> None:
+        """Take back a session restored with its worker pin."""
+
+    def release(self, session: EngineSession) -> None:
+        """The session takes no more turns: drop its pin and engine state."""

@@ -1,0 +1,145 @@
+"""The `sglang-chat` engine: one turn through SGLang's chat route.
+
+The agent's own body goes to the worker with the server's fields forced
+(the prompt as ``input_ids``, logprobs and meta info on, no streaming):
+SGLang applies its chat route's sampling defaults, stop handling, tool-call
+and reasoning parsers as it would for the agent, and the answer comes back
+in OpenAI form, so the agent is answered with the worker's own body. What
+the route hides (``session_params``, continuing a partial completion) this
+engine cannot do: it refuses a continuation (`CannotContinue`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from ...errors import UpstreamMalformed
+from ..base import (
+    AgentReply,
+    CannotContinue,
+    Completion,
+    EngineRequest,
+    EngineSession,
+    Refusal,
+    Validation,
+)
+from ..pool import WorkerPool
+from ..served_model import ServedModel
+from .answer import AnswerCheck, check_answer, decode_cost
+
+__all__ = ["SGLangChatEngine", "chat_body"]
+
+# Fields the server owns in the upstream request: what it needs back to keep
+# the trajectory exact (docs/api.md#what-the-worker-is-sent).
+_FORCED = {"logprobs": True, "return_meta_info": True, "no_stop_trim": False, "stream": False}
+_DROPPED = (
+    "stream_options",
+    "input_ids",
+    "session_id",
+    "session_params",
+    "return_routed_experts",
+    "routed_experts_start_len",
+)
+
+
+def chat_body(request: EngineRequest, model: str | None, *, session_hint: str | None) -> bytes:
+    """The worker's request: the agent's body with the server's fields."""
+    body: dict[str, Any] = {k: v for k, v in request.params.items() if k not in _DROPPED}
+    body.update(_FORCED)
+    if request.max_tokens is not None:
+        # The session cap's remainder, for a request that set no limit.
+        body.pop("max_completion_tokens", None)
+        body["max_tokens"] = request.max_tokens
+    if request.experts_from is not None:
+        # Only positions not stored yet: O(new tokens) per turn, not O(history).
+        body["return_routed_experts"] = True
+        body["routed_experts_start_len"] = request.experts_from
+    if session_hint is not None:
+        # SGLang's stable per-session identity (kept with the session's KV);
+        # unlike `session_params` it does not alter the prompt.
+        body["session_id"] = session_hint
+    if request.priority is not None:
+        # The session's, over whatever the agent sent (SGLang ignores it
+        # unless the worker runs --enable-priority-scheduling).
+        body["priority"] = request.priority
+    if request.template_kwargs:
+        # The kwargs the prompt was rendered with (server defaults included):
+        # SGLang's reasoning parsers read them (`enable_thinking`, `thinking`)
+        # to split what the model wrote in the mode its prompt set.
+        body["chat_template_kwargs"] = request.template_kwargs
+    body["input_ids"] = request.input_ids
+    body["rid"] = uuid.uuid4().hex
+    if model:
+        # Replaces the agent's: ServedModel.upstream_name decided it (--upstream-model).
+        body["model"] = model
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangChatEngine:
+    pool: WorkerPool  # the session's sticky worker, failover, circuit breaker
+    validation: Validation  # where `check_answer` runs
+    model: ServedModel  # the name turns are sent with
+    session_hints: bool = False  # --kv-sessions hint: the session id on every turn
+
+    can_continue: ClassVar[bool] = False
+
+    async def complete(
+        self, session: EngineSession, request: EngineRequest
+    ) -> Completion | Refusal:
+        if request.partial is not None:
+            raise CannotContinue(
+                "SGLang's /v1/chat/completions cannot continue a partial completion"
+            )
+        payload = chat_body(
+            request,
+            self.model.upstream_name(request.params.get("model")),
+            session_hint=session.id if self.session_hints else None,
+        )
+        reply = await self.pool.chat(session, payload)
+        agent_reply = AgentReply(reply.status, reply.headers, reply.body)
+        if reply.status != 200:
+            # The worker's own error (e.g. SGLang's 400 for a long prompt) is
+            # the agent's answer; nothing is committed.
+            return Refusal(agent_reply, reply.worker)
+        experts = request.experts_from is not None
+        check = AnswerCheck(
+            sent_prompt_tokens=len(request.input_ids),
+            vocab_size=request.vocab_size,
+            experts_from=request.experts_from,
+            experts_width=request.experts_width,
+        )
+        try:
+            answer, routed = await self.validation.validate(
+                check_answer, reply.body, check, decode_cost(reply.body, experts=experts)
+            )
+        except UpstreamMalformed as exc:
+            # The worker's circuit breaker counts answers that fail validation.
+            self.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
+            raise
+        self.pool.report_success(reply.worker)
+        return Completion(
+            ids=answer.ids,
+            logprobs=answer.logprobs,
+            content=answer.content,
+            tool_calls=answer.tool_calls,
+            reasoning_content=answer.reasoning_content,
+            finish_reason=answer.finish_reason,
+            model=answer.model,
+            weight_version=answer.weight_version,
+            cached_tokens=answer.cached_tokens,
+            experts=routed,
+            worker=reply.served_by,  # behind a gateway, the worker it routed to
+            latency_s=reply.latency_s,
+            reply=agent_reply,
+        )
+
+    def adopt(self, session: EngineSession) -> None:
+        self.pool.adopt(session)
+
+    def release(self, session: EngineSession) -> None:
+        self.pool.release_session(session)
