@@ -47,6 +47,7 @@ import numpy as np
 import orjson
 import trio
 from _common import (
+    after_tool_call,
     bench_parser,
     child,
     emulator_command,
@@ -148,20 +149,7 @@ async def prototype(
             if outcome.reply.status != 200:
                 raise SystemExit(f"turn {turn}: worker said {outcome.reply.status}")
             turns.append(Recorded(body, outcome.reply.body))
-            call = orjson.loads(outcome.reply.body)["choices"][0]["message"]
-            messages = [
-                *messages,
-                {
-                    "role": "assistant",
-                    "content": call.get("content"),
-                    "tool_calls": call.get("tool_calls"),
-                },
-                {
-                    "role": "tool",
-                    "tool_call_id": (call.get("tool_calls") or [{}])[0].get("id"),
-                    "content": tool_result(turn, words),
-                },
-            ]
+            messages = after_tool_call(messages, outcome.reply.body, tool_result(turn, words))
         context_length = runner.model.context_length
     return turns, session, context_length
 

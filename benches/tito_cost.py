@@ -39,6 +39,7 @@ import orjson
 import trio
 from _common import (
     WORDS,
+    after_tool_call,
     bench_parser,
     child,
     emulator_command,
@@ -178,20 +179,9 @@ async def main(args: argparse.Namespace) -> None:
             )
             row["TITO total ms"] = row["parse ms"] + row["plan ms"] + row["upstream body ms"]
             rows.append(row)
-            call = orjson.loads(outcome.reply.body)["choices"][0]["message"]
-            messages = [
-                *messages,
-                {
-                    "role": "assistant",
-                    "content": call.get("content"),
-                    "tool_calls": call.get("tool_calls"),
-                },
-                {
-                    "role": "tool",
-                    "tool_call_id": (call.get("tool_calls") or [{}])[0].get("id"),
-                    "content": tool_result(turn, args.tool_result_words),
-                },
-            ]
+            messages = after_tool_call(
+                messages, outcome.reply.body, tool_result(turn, args.tool_result_words)
+            )
             if turn in args.show or turn == args.turns:
                 print(table([row], _COLUMNS), flush=True)
         # The TITO invariant over the whole conversation: stored ids == full render.

@@ -310,7 +310,7 @@ class Settings:
         if self.journal is None:
             return None
         return JournalOptions(
-            Path(self.journal),
+            directory=Path(self.journal),
             fsync=self.journal_fsync,
             fsync_interval_s=self.journal_fsync_interval_s,
             retry_s=self.journal_retry_s,

@@ -80,24 +80,25 @@ logger = logging.getLogger("rollout_session")
 
 @dataclass(frozen=True, kw_only=True)
 class PoolOptions:
-    """What the pool follows, fixed for the app (built by `Settings.pool_options`;
-    each field is the flag of the same name, docs/reliability.md#workers)."""
+    """What the pool follows, fixed for the app: built by `Settings.pool_options`,
+    where the defaults are; each field is the flag of the same name
+    (docs/reliability.md#workers)."""
 
-    placement: str = "sticky-least-loaded"
-    allowed_worker_hosts: WorkerHosts | None = None  # None = any host
-    health_interval_s: float = 5.0
-    health_timeout_s: float = 2.0
-    unhealthy_after: int = 3
-    healthy_after: int = 2
-    circuit_failures: int = 5
-    circuit_successes: int = 2
-    circuit_open_s: float = 30.0
-    upstream_max_connections: int = 64
-    upstream_timeout_s: float = 600.0
-    connect_timeout_s: float = 5.0
-    max_answer_bytes: int = 64 << 20
-    sends_session_hints: bool = False  # --kv-sessions hint
-    fixed_upstream_model: str | None = None  # --upstream-model NAME (not a keyword)
+    placement: str
+    allowed_worker_hosts: WorkerHosts | None  # None = any host
+    health_interval_s: float
+    health_timeout_s: float
+    unhealthy_after: int
+    healthy_after: int
+    circuit_failures: int
+    circuit_successes: int
+    circuit_open_s: float
+    upstream_max_connections: int
+    upstream_timeout_s: float
+    connect_timeout_s: float
+    max_answer_bytes: int
+    sends_session_hints: bool  # --kv-sessions hint
+    fixed_upstream_model: str | None  # --upstream-model NAME (not a keyword)
 
 
 # The chat probe's answer is checked like a turn's, but the pool does not

@@ -82,7 +82,6 @@ _BROADCAST = frozenset(
 # Marks a create one shard forwarded to the owner it computed.
 _FORWARDED_BY = b"x-rollout-fleet-forwarded-by"
 _AGGREGATED = frozenset({"/health", "/workers", "/metrics", "/sessions"})
-_SESSIONS = "/sessions/"
 # What a path keeps unquoted in a Location (RFC 3986's pchar and "/").
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
 # Past the upstream timeout, for a shard's own answer to a change to arrive.

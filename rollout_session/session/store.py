@@ -61,14 +61,15 @@ class SessionEngine(Protocol):
         """The session takes no more turns: drop its pin and engine state."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JournalOptions:
-    """``--journal DIR`` and its write policy (docs/reliability.md#durable-journal)."""
+    """``--journal DIR`` and its write policy (docs/reliability.md#durable-journal);
+    built by `Settings.journal_options`, where the defaults are."""
 
     directory: Path
-    fsync: str = "interval"  # always | interval | never
-    fsync_interval_s: float = 1.0
-    retry_s: float = 1.0  # after a failed write; backs off to 30 s
+    fsync: str  # always | interval | never
+    fsync_interval_s: float
+    retry_s: float  # after a failed write; backs off to 30 s
 
 
 class SessionStore:

@@ -12,6 +12,7 @@ import trio.testing
 from werkzeug import exceptions as werkzeug_errors
 
 from rollout_session import Settings, create_app
+from rollout_session.client import rendezvous_owner
 from rollout_session.http.edge import BODY_TIMEOUT_S, error_response, route_path
 
 CHAT = "/sessions/s/v1/chat/completions"
@@ -141,3 +142,40 @@ async def test_routes_are_matched_below_the_root_path(method: str, path: str, st
     await exchange.run(_scope(method, path, root_path="/api"))
     assert exchange.status == status
     assert b"connection" not in exchange.headers
+
+
+FLEET = ("http://127.0.0.1:9001", "http://127.0.0.1:9002")
+
+
+def _session_owned_by(shard: int) -> str:
+    return next(f"s{i}" for i in range(1000) if rendezvous_owner(FLEET, f"s{i}") == FLEET[shard])
+
+
+@pytest.mark.parametrize(
+    ("key", "shard", "status"),
+    [(True, 1, 307), (False, 1, 401), (True, 0, 404)],
+    ids=["elsewhere", "elsewhere-without-key", "here"],
+)
+async def test_a_fleet_shard_redirects_after_the_key_check(
+    key: bool, shard: int, status: int
+) -> None:
+    """A session another shard owns: 307 to it once the key is checked, body
+    read (the connection goes on); one owned here is served (here: unknown)."""
+    session_id = _session_owned_by(shard)
+    path = f"/sessions/{session_id}"
+    exchange = Exchange([{"type": "http.request", "body": b"{}", "more_body": False}])
+    app = create_app(Settings(workers=("http://127.0.0.1:9",), api_key=KEY, fleet=FLEET))
+    scope = {
+        **_scope("GET", path, key=key),
+        "query_string": b"a=1",
+        "raw_path": path.encode(),
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("127.0.0.1", 9001),
+        "client": ("127.0.0.1", 50000),
+    }
+    await app.asgi_app(scope, exchange.receive, exchange.send)  # type: ignore[arg-type]
+    assert exchange.status == status
+    if status == 307:
+        assert exchange.headers[b"location"] == f"{FLEET[1]}{path}?a=1".encode()
+        assert b"connection" not in exchange.headers
