@@ -17,7 +17,9 @@ after a compaction: the live data) and restarts on the compacted journal.
 
 Baseline in the same run: ``--compare-with DIR`` first restarts on the same
 journal with the package exported at DIR first on the path, e.g. the commit
-before streaming replay::
+before streaming replay (a package with the journal in
+``rollout_session/session/journal/``; for one from before that layout, run
+that commit's own copy of this script with its package)::
 
     git archive <commit> rollout_session | tar -x -C /tmp/rs-before
     python benches/journal_restart.py --compare-with /tmp/rs-before

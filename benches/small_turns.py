@@ -202,8 +202,9 @@ async def measure(
     errors: list[str] = []
     window = Window([emulator, raw, *servers.values()])
     for rep in range(args.repeats):
-        # The servers swap places every repetition: neither always runs last.
-        order = modes if rep % 2 == 0 else [*MODES[:3], *reversed(modes[3:])]
+        # The servers (the last of MODES, then server-before) swap places every
+        # repetition: neither always runs right after the other.
+        order = modes if rep % 2 == 0 else [*MODES[:2], *reversed(modes[2:])]
         for mode in order:
             front = fronts.get(mode, emulator)
             prof = (
