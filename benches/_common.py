@@ -482,6 +482,80 @@ class _AgentAnswer(msgspec.Struct):
 AGENT_ANSWER = msgspec.json.Decoder(_AgentAnswer)
 
 
+class _Logprob(msgspec.Struct, array_like=True):
+    logprob: float
+    token_id: int
+
+
+class _Meta(msgspec.Struct):
+    output_token_logprobs: list[_Logprob] = msgspec.field(default_factory=list)
+
+
+class _WorkerChoice(msgspec.Struct):
+    message: _Message
+    finish_reason: str | None = None
+    meta_info: _Meta | None = None
+
+
+class _WorkerAnswer(msgspec.Struct):
+    choices: list[_WorkerChoice]
+    meta_info: _Meta | None = None
+
+
+_WORKER_ANSWER = msgspec.json.Decoder(_WorkerAnswer)
+
+
+class WorkerConversation:
+    """A direct path's requests as the session server would send them, built
+    the way it builds them: the first prompt rendered, each later one the
+    previous ids, the sampled ids and the junction to the new messages
+    (token-in/token-out, O(new tokens)), so the load generator does not
+    re-render and re-tokenise the whole conversation every turn on the cores
+    it shares with what is measured."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self._answer: dict[str, Any] | None = None
+        self._sampled: list[int] = []
+        self._stopped = False
+
+    def request(self, body: dict[str, Any], new_messages: int = 1) -> dict[str, Any]:
+        """`body` with its ``input_ids``: `new_messages` are the messages the
+        request appends after the last answer (ignored on a first turn)."""
+        from rollout_session.prompt.junction import continuation
+
+        tokenizer = _chat_tokenizer()
+        tools, kwargs = body.get("tools"), body.get("chat_template_kwargs") or {}
+        if self._answer is None:
+            self.ids = tokenizer.first_turn(body["messages"], tools=tools, kwargs=kwargs)
+        else:
+            junction = tokenizer.junction(
+                self._answer, body["messages"][-new_messages:], tools=tools, kwargs=kwargs
+            )
+            self.ids = [
+                *self.ids,
+                *self._sampled,
+                *continuation(
+                    self._sampled,
+                    junction,
+                    stopped=self._stopped,
+                    special_ids=tokenizer.special_ids,
+                ),
+            ]
+        return {**body, **FORCED, "input_ids": self.ids}
+
+    def answered(self, answer: bytes) -> None:
+        """Take the worker's answer to the last request: its sampled ids."""
+        from rollout_session.prompt.junction import STOPPED
+
+        decoded = _WORKER_ANSWER.decode(answer)
+        choice = decoded.choices[0]
+        meta = choice.meta_info or decoded.meta_info
+        self._sampled = [e.token_id for e in (meta.output_token_logprobs if meta else [])]
+        self._stopped = choice.finish_reason in STOPPED
+        self._answer = {"role": "assistant", "content": choice.message.content}
+
+
 def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     """The command line of a benchmark script, its docstring as the help."""
     return argparse.ArgumentParser(

@@ -51,6 +51,7 @@ from _common import (
     WORDS,
     Child,
     Window,
+    WorkerConversation,
     agent_client,
     as_worker_request,
     bench_command,
@@ -158,6 +159,7 @@ async def agent(
                 {"role": "user", "content": variant.first_message(agent_id, r)}
             ]
             forwarded = 0
+            direct = WorkerConversation()
             for turn in range(turns):
                 body: dict[str, Any] = {
                     "messages": messages,
@@ -168,8 +170,9 @@ async def agent(
                 if variant.routed and turn:
                     body["routed_experts_start_len"] = forwarded
                 if mode != "server":
-                    # What the server would send: the worker never renders.
-                    body = as_worker_request(body)
+                    # What the server would send, built as it builds it: the
+                    # worker never renders.
+                    body = direct.request(body)
                 started = time.perf_counter()
                 response = await client.post(
                     url, content=orjson.dumps(body), headers={"content-type": "application/json"}
@@ -181,6 +184,8 @@ async def agent(
                     load.errors.append(f"{response.status_code}: {response.content[:200]!r}")
                     break
                 answer = AGENT_ANSWER.decode(response.content)
+                if mode != "server":
+                    direct.answered(response.content)
                 forwarded = answer.usage.prompt_tokens + answer.usage.completion_tokens
                 messages = [
                     *messages,
