@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -104,15 +105,18 @@ def _host(netloc: str, port: int | None) -> str:
             raise ValueError(f"{netloc} is not an IPv6 address") from None
     if not _HOSTNAME.match(netloc) or len(netloc) > 253:
         raise ValueError(f"{netloc!r} is not a host name or IPv4 address")
-    if netloc.rsplit(".", 1)[-1].isdigit():
-        # No top-level domain is numeric: this is an IPv4 address, and only
-        # the dotted-quad form is one (resolvers read "127.1" or "2130706433"
-        # as 127.0.0.1, which an allow-list of addresses would not expect).
-        try:
-            return str(ipaddress.IPv4Address(netloc))
-        except ValueError:
-            raise ValueError(f"{netloc!r} is not a dotted-quad IPv4 address") from None
-    return netloc
+    try:
+        socket.inet_aton(netloc)
+    except OSError:
+        return netloc  # a name: resolvers look it up
+    # Resolvers read every form inet_aton takes as an IPv4 address ("127.1",
+    # "2130706433", "0x7f000001", "0177.0.0.1", "127.0.0.0x1" are all
+    # 127.0.0.1), which an allow-list of addresses would not expect: only
+    # the canonical dotted quad is one.
+    try:
+        return str(ipaddress.IPv4Address(netloc))
+    except ValueError:
+        raise ValueError(f"{netloc!r} is not a dotted-quad IPv4 address") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 Owns what happens before the journal accepts events, in a worker thread:
 taking the directory's ``LOCK`` (flock: a second process is refused, not
 interleaved), deleting what a crash left behind (an unfinished ``.tmp``
-segment, segments a finished compaction superseded), replaying the newest
+segment, segments a finished compaction superseded; an empty newest segment
+is set aside), replaying the newest
 segment into sessions (streamed: memory is the sessions it restores plus one
 read window), and counting its live and dead bytes so the journal can decide
 at once whether to append to it or compact first (also when damage was
@@ -47,6 +48,24 @@ class Recovered:
     records: int  # replayed
 
 
+def _without_empty_newest(found: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
+    """Set aside empty newest segments: one holds no record (nothing written
+    to it reached the disk: a crash between creating it and writing its
+    header), so the one before it, if any, is the journal. Kept as
+    ``….log.empty`` for a post-mortem; logged, never silent."""
+    while found and found[-1][1].stat().st_size == 0:
+        _, empty = found.pop()
+        aside = empty.with_name(empty.name + ".empty")
+        empty.rename(aside)
+        logger.warning(
+            "journal: %s is empty (a crash before anything was written to it): set aside as %s; %s",
+            empty,
+            aside.name,
+            f"replaying {found[-1][1].name}" if found else "no older segment: no sessions",
+        )
+    return found
+
+
 def recover(directory: Path, now: float, compact_dead_ratio: float) -> Recovered:
     """Lock DIR (created if missing), clean it up and replay it. Sessions'
     ``last_active_at`` is ``now``. No append fd when there is no segment,
@@ -63,7 +82,7 @@ def recover(directory: Path, now: float, compact_dead_ratio: float) -> Recovered
             logger.warning("journal: removing unfinished compaction %s", tmp)
             tmp.unlink()
         replay = Replay(now)
-        found = segments(directory)
+        found = _without_empty_newest(segments(directory))
         number = total = 0
         damaged = False
         started = time.perf_counter()

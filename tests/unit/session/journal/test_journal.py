@@ -315,6 +315,30 @@ async def test_foreign_file_and_second_process_are_refused(tmp_path: Path) -> No
         await Journal.open(tmp_path)
 
 
+@pytest.mark.parametrize("older", [True, False], ids=["older-segment", "only-segment"])
+async def test_an_empty_newest_segment_is_set_aside_and_logged(
+    tmp_path: Path, older: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash between creating a segment and writing its header leaves it
+    empty: start-up sets it aside, says so, and replays the one before."""
+    before: dict[str, dict[str, Any]] = {}
+    if older:
+        await two_sessions(tmp_path)
+        before = await replayed(tmp_path)
+        assert set(before) == {"a", "b"}
+    empty = tmp_path / fmt.segment_name(2)
+    empty.write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="rollout_session.journal"):
+        assert await replayed(tmp_path) == before
+    assert not empty.exists() and (tmp_path / (empty.name + ".empty")).exists()
+    assert f"{empty} is empty" in caplog.text
+    # What is appended from now on replays too.
+    async with running(tmp_path) as (journal, _):
+        journal.create(new_session("c"))
+        await journal.wait_durable()
+    assert "c" in await replayed(tmp_path)
+
+
 async def churn(
     journal: Journal, rng: np.random.Generator, n: int, prefix: str = "s"
 ) -> dict[str, Session]:
