@@ -482,29 +482,6 @@ class _AgentAnswer(msgspec.Struct):
 AGENT_ANSWER = msgspec.json.Decoder(_AgentAnswer)
 
 
-class _Logprob(msgspec.Struct, array_like=True):
-    logprob: float
-    token_id: int
-
-
-class _Meta(msgspec.Struct):
-    output_token_logprobs: list[_Logprob] = msgspec.field(default_factory=list)
-
-
-class _WorkerChoice(msgspec.Struct):
-    message: _Message
-    finish_reason: str | None = None
-    meta_info: _Meta | None = None
-
-
-class _WorkerAnswer(msgspec.Struct):
-    choices: list[_WorkerChoice]
-    meta_info: _Meta | None = None
-
-
-_WORKER_ANSWER = msgspec.json.Decoder(_WorkerAnswer)
-
-
 class WorkerConversation:
     """A direct path's requests as the session server would send them, built
     the way it builds them: the first prompt rendered, each later one the
@@ -545,15 +522,20 @@ class WorkerConversation:
         return {**body, **FORCED, "input_ids": self.ids}
 
     def answered(self, answer: bytes) -> None:
-        """Take the worker's answer to the last request: its sampled ids."""
+        """Take the worker's answer to the last request (checked as the server
+        checks it): its sampled ids."""
+        from rollout_session.engines.sglang_chat.answer import parse_worker_answer
         from rollout_session.prompt.junction import STOPPED
+        from rollout_session.prompt.messages import assistant_message
 
-        decoded = _WORKER_ANSWER.decode(answer)
-        choice = decoded.choices[0]
-        meta = choice.meta_info or decoded.meta_info
-        self._sampled = [e.token_id for e in (meta.output_token_logprobs if meta else [])]
-        self._stopped = choice.finish_reason in STOPPED
-        self._answer = {"role": "assistant", "content": choice.message.content}
+        decoded = parse_worker_answer(
+            answer, sent_prompt_tokens=len(self.ids), vocab_size=_chat_tokenizer().vocab_size
+        )
+        self._sampled = decoded.ids.tolist()
+        self._stopped = decoded.finish_reason in STOPPED
+        self._answer = assistant_message(
+            decoded.content, decoded.tool_calls, decoded.reasoning_content
+        )
 
 
 def bench_parser(doc: str | None) -> argparse.ArgumentParser:

@@ -106,7 +106,6 @@ Headers = list[tuple[bytes, bytes]]
 BODY_TIMEOUT_S = 60
 _JSON = b"application/json"
 _CLOSE = (b"connection", b"close")
-_SESSIONS = "/sessions/"
 
 
 class RawResponse(NamedTuple):
@@ -261,7 +260,8 @@ class HttpEdge:
             )
             await self._refuse(scope, receive, send, refusal, close=True)
             return
-        asked = route_path(scope)
+        # The path as asked, for a fleet's redirect (before a root route's rewrite).
+        asked = route_path(scope) if self._redirect is not None else None
         try:
             scope, session_id = self._to_session(scope)
             fast = self._resolve(scope)

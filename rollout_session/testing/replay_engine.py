@@ -41,7 +41,7 @@ from rollout_session.engines.base import (
     Refusal,
 )
 from rollout_session.engines.sglang_chat.answer import AnswerCheck, check_answer
-from rollout_session.prompt.messages import Message
+from rollout_session.prompt.messages import Message, assistant_message
 from rollout_session.prompt.model_output import answer_ids
 from rollout_session.tokens import IdArray, LogprobArray
 
@@ -108,12 +108,7 @@ class Replay:
         return cls(
             ids=answer.ids,
             logprobs=answer.logprobs,
-            message={
-                "role": "assistant",
-                "content": answer.content,
-                "tool_calls": answer.tool_calls,
-                "reasoning_content": answer.reasoning_content,
-            },
+            message=assistant_message(answer.content, answer.tool_calls, answer.reasoning_content),
             finish_reason=answer.finish_reason,
             model=answer.model,
             weight_version=answer.weight_version,
