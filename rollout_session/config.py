@@ -16,6 +16,7 @@ from .engines.kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, KvMod
 from .engines.placement import PLACEMENTS
 from .engines.pool import PoolOptions
 from .engines.served_model import UPSTREAM_MODEL_AGENT, UPSTREAM_MODEL_SERVED
+from .engines.sglang_generate.parsers import Parsers
 from .engines.worker_urls import WorkerHosts, worker_url
 from .prompt.messages import KNOWN_ROLES
 from .session.segments import OnDivergence, PromptMode
@@ -26,6 +27,7 @@ __all__ = ["Settings"]
 
 ON_DIVERGENCE = tuple(p.value for p in OnDivergence)
 PROMPT_MODES = tuple(m.value for m in PromptMode)
+ENGINES = ("sglang-chat", "sglang-generate", "vllm")
 # --max-answer-mb's default: far above any chat answer without routed
 # experts; with them an answer carries ~5 bytes per layer and expert slot for
 # each new position (docs/reliability.md#worker-answers).
@@ -103,6 +105,14 @@ class Settings:
     circuit_failures: int = 5
     circuit_successes: int = 2
     circuit_open_s: float = 30.0
+    # The inference engine behind the seam (docs/engines.md): sglang-chat
+    # (SGLang's chat route parses and samples) or sglang-generate (SGLang's
+    # /generate, the chat route's translation reproduced here).
+    engine: str = "sglang-chat"
+    # sglang-generate: the workers' --tool-call-parser / --reasoning-parser
+    # (SGLang's names), asked on the worker after each answer.
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     # Worker-side KV sessions (kv_sessions.KvMode, docs/kv-sessions.md): off,
     # or hint (the session id on each turn, /close_session when it ends).
     kv_sessions: str = "off"
@@ -217,6 +227,17 @@ class Settings:
             raise ValueError("max_rollback_turns must be >= 0")
         if self.on_divergence not in ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}")
+        if self.engine == "vllm":
+            raise ValueError("engine 'vllm' is not available yet (docs/engines.md)")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
+        if self.engine == "sglang-generate":
+            Parsers(self.tool_call_parser, self.reasoning_parser)  # ValueError: not reproduced
+        elif self.tool_call_parser or self.reasoning_parser:
+            raise ValueError(
+                "tool_call_parser and reasoning_parser are for --engine sglang-generate; with "
+                "sglang-chat the workers parse with their own --tool-call-parser/--reasoning-parser"
+            )
         if self.kv_sessions == "stream":
             raise ValueError(STREAM_REFUSED)
         if self.kv_sessions not in KV_MODES:
@@ -253,6 +274,11 @@ class Settings:
     def max_answer_bytes(self) -> int:
         default = _MAX_ANSWER_MB_EXPERTS if self.routed_experts else _MAX_ANSWER_MB
         return int((self.max_answer_mb or default) * 1024 * 1024)
+
+    @property
+    def parsers(self) -> Parsers:
+        """The sglang-generate engine's parsers (validated on construction)."""
+        return Parsers(self.tool_call_parser, self.reasoning_parser)
 
     @property
     def sends_session_hints(self) -> bool:

@@ -17,6 +17,12 @@ _FACTS: dict[str, Any] = json.loads((TEMPLATES / "families.json").read_text("utf
 FAMILIES: tuple[str, ...] = tuple(sorted(_FACTS))
 
 
+def family_facts(family: str) -> dict[str, Any]:
+    """The family's entry in families.json (SGLang parser names included)."""
+    facts: dict[str, Any] = _FACTS[family]
+    return facts
+
+
 def template_text(family: str) -> str:
     return (TEMPLATES / f"{family}.jinja").read_text("utf-8")
 

@@ -100,6 +100,25 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ),
     ("--max-connections", "max_connections", int, "open client connections; more wait"),
     (
+        "--engine",
+        "engine",
+        str,
+        "sglang-chat (SGLang's chat route) or sglang-generate (its /generate, the chat "
+        "route's translation reproduced; docs/engines.md)",
+    ),
+    (
+        "--tool-call-parser",
+        "tool_call_parser",
+        str,
+        "sglang-generate: the workers' --tool-call-parser (SGLang's name)",
+    ),
+    (
+        "--reasoning-parser",
+        "reasoning_parser",
+        str,
+        "sglang-generate: the workers' --reasoning-parser (SGLang's name)",
+    ),
+    (
         "--kv-sessions",
         "kv_sessions",
         str,

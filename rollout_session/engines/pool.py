@@ -62,6 +62,7 @@ from .base import EngineSession
 from .placement import make_placement
 from .sglang_chat.answer import parse_worker_answer
 from .upstream import (
+    CHAT_PATH,
     PROBE_SESSION,
     ModelInfo,
     NotSent,
@@ -408,7 +409,9 @@ class WorkerPool:
             detail,
         )
 
-    async def _send(self, worker: Worker, session_id: str, payload: bytes) -> UpstreamReply:
+    async def _send(
+        self, worker: Worker, session_id: str, payload: bytes, path: str = CHAT_PATH
+    ) -> UpstreamReply:
         options = self._options
         worker.inflight += 1
         try:
@@ -418,6 +421,7 @@ class WorkerPool:
                 payload,
                 options.upstream_timeout_s,
                 options.max_answer_bytes,
+                path,
             )
         except (NotSent, UpstreamError, UpstreamMalformed) as exc:
             # UpstreamTimeout is not caught here: slowness is not death.
@@ -434,15 +438,18 @@ class WorkerPool:
         # A 200 counts once validated: the engine reports it.
         return reply
 
-    async def chat(self, session: EngineSession, payload: bytes) -> UpstreamReply:
-        """Send a turn to the session's worker (pinning or re-pinning it).
+    async def chat(
+        self, session: EngineSession, payload: bytes, path: str = CHAT_PATH
+    ) -> UpstreamReply:
+        """Send a turn to the session's worker (pinning or re-pinning it), on
+        SGLang's chat route unless `path` names another (``/generate``).
 
         A 200 is neither a success nor a failure of the worker until the
         engine has validated it: it then calls `report_success` or
         `report_failure` with ``reply.worker``."""
         worker = self._pin(session)
         try:
-            return await self._send(worker, session.id, payload)
+            return await self._send(worker, session.id, payload, path)
         except NotSent as first:
             # Nothing reached that worker: one retry elsewhere is safe.
             try:
@@ -450,9 +457,19 @@ class WorkerPool:
             except NoHealthyWorker:
                 raise UpstreamError(str(first)) from None
             try:
-                return await self._send(retry, session.id, payload)
+                return await self._send(retry, session.id, payload, path)
             except NotSent as second:
                 raise UpstreamError(str(second)) from None
+
+    async def follow_up(
+        self, url: str, session: EngineSession, path: str, payload: bytes
+    ) -> UpstreamReply:
+        """A request that belongs to a turn the worker at `url` just answered
+        (SGLang's parse routes): to that worker, no re-pin, no retry."""
+        worker = self.workers.get(url)
+        if worker is None:
+            raise UpstreamError(f"worker {url} left the pool during the turn")
+        return await self._send(worker, session.id, payload, path)
 
     # -- circuit breaker ---------------------------------------------------------
 

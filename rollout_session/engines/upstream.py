@@ -33,6 +33,7 @@ import trio
 from ..errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
 
 __all__ = [
+    "CHAT_PATH",
     "PROBE_SESSION",
     "ROUTED_WORKER_HEADER",
     "AnswerTooLarge",
@@ -75,7 +76,8 @@ _DROPPED_HEADERS = frozenset(
         ROUTED_WORKER_HEADER,
     }
 )
-_CHAT_PATH = "/v1/chat/completions"
+CHAT_PATH = "/v1/chat/completions"
+
 # Identity: the body is validated and passed on as the worker's bytes.
 _CHAT_HEADERS = ((b"content-type", b"application/json"), (b"accept-encoding", b"identity"))
 _GET_HEADERS = ((b"accept", b"application/json"), (b"accept-encoding", b"identity"))
@@ -409,17 +411,21 @@ def forwardable_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes,
 
 
 async def post_chat(
-    client: WorkerClient, session_id: str, payload: bytes, timeout_s: float, max_bytes: int
+    client: WorkerClient,
+    session_id: str,
+    payload: bytes,
+    timeout_s: float,
+    max_bytes: int,
+    path: str = CHAT_PATH,
 ) -> UpstreamReply:
+    """POST one turn's request (the chat route unless `path` says which)."""
     url = client.base_url
     # Keeps an sgl-model-gateway upstream sticky too; SGLang ignores it.
     headers = [*_CHAT_HEADERS, (b"x-smg-routing-key", session_id.encode())]
     started = time.perf_counter()
     try:
         with trio.fail_after(timeout_s):
-            response = await client.request(
-                b"POST", _CHAT_PATH, headers, payload, max_bytes=max_bytes
-            )
+            response = await client.request(b"POST", path, headers, payload, max_bytes=max_bytes)
     except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
         logger.warning("cannot connect to worker %s: %s: %s", url, type(exc).__name__, exc)
         raise NotSent(f"cannot connect to the worker: {type(exc).__name__}") from None

@@ -19,9 +19,12 @@ from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
 
 from ..config import Settings
+from ..engines.base import Engine
 from ..engines.pool import WorkerPool
 from ..engines.served_model import ServedModel
 from ..engines.sglang_chat.engine import SGLangChatEngine
+from ..engines.sglang_generate import SGLangGenerateEngine
+from ..engines.sglang_generate.request import GenerateOptions, model_options
 from ..errors import NoHealthyWorker, UpstreamError
 from ..prompt.check import Outcome, check_template, in_place_roles, startup_problems
 from ..prompt.tokenizer import ChatTokenizer, load_tokenizer
@@ -88,7 +91,19 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         process_threshold_bytes=settings.process_threshold_bytes,
     )
     model = ServedModel(pool, settings.context_length, settings.upstream_model)
-    engine = SGLangChatEngine(pool, validator, model, session_hints=settings.sends_session_hints)
+    engine: Engine
+    if settings.engine == "sglang-generate":
+        engine = SGLangGenerateEngine(
+            pool,
+            validator,
+            model,
+            GenerateOptions(settings.parsers),
+            session_hints=settings.sends_session_hints,
+        )
+    else:
+        engine = SGLangChatEngine(
+            pool, validator, model, session_hints=settings.sends_session_hints
+        )
     store = SessionStore(SessionRegistry(max_sessions=settings.max_sessions), engine)
     ctx = ServerContext(
         settings=settings,
@@ -119,6 +134,11 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         await app.nursery.start(ctx.validator.run)
         app.nursery.start_soon(ctx.expiry.forever)
         tokenizer = await _load_model(ctx)
+        if isinstance(ctx.engine, SGLangGenerateEngine):
+            # The chat route's generation_config defaults, from the model's files.
+            ctx.engine.options = await trio.to_thread.run_sync(
+                model_options, settings.parsers, tokenizer.name_or_path
+            )
         in_place_roles = await _check_template(tokenizer, settings)
         ctx.turns = TurnRunner(
             store=ctx.store,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import trio
@@ -38,6 +38,14 @@ from rollout_session.testing.faults import (
     error_body,
     fault_reply,
 )
+from rollout_session.testing.generate_params import (
+    ToolConstraint,
+    contract_error,
+    fastapi_error,
+    lax_true,
+    sampling_error,
+    tool_constraint,
+)
 from rollout_session.testing.generation import (
     Sample,
     SampleSpec,
@@ -48,6 +56,7 @@ from rollout_session.testing.generation import (
 )
 from rollout_session.testing.gpu import GpuModel
 from rollout_session.testing.kv_sessions import SessionError, SessionTable, SessionTurn
+from rollout_session.testing.parse_memo import ParseMemo
 from rollout_session.testing.prefix_cache import PrefixCache
 from rollout_session.testing.sglang_answer import chat_response, routed_experts_blob
 
@@ -161,6 +170,10 @@ class Emulator:
         self.prompt_tokens = 0  # prompt (full context) tokens
         self.cached_tokens = 0  # of those, served from KV (prefix cache or session slot)
         self.prefill_tokens = 0  # of those, computed (prompt - cached)
+        # What the parse routes answer: every sample's texts → its parsed message.
+        self.parsed = ParseMemo(self._decode)
+        # /parse_function_call and /separate_reasoning calls, and how many were refused.
+        self.parse_calls: Counter[str] = Counter()
         self._changed = trio.Event()
 
     # -- observability -------------------------------------------------------
@@ -204,6 +217,7 @@ class Emulator:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "prefill_tokens": self.prefill_tokens,
+            "parse_calls": dict(self.parse_calls),
             "cache_used_tokens": self.cache.used_tokens,
             "cache_referenced_tokens": self.cache.referenced_tokens,
             "gpu": self.gpu.stats(),
@@ -385,7 +399,8 @@ class Emulator:
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object")
         try:
-            messages = normalize_messages(body["messages"]) if "messages" in body else []
+            if "messages" in body:
+                normalize_messages(body["messages"])  # SGLang validates them; the model reads ids
         except InvalidRequest as exc:
             raise BadRequest(exc.message) from exc
         prompt = self._prompt_ids(body.get("input_ids"))
@@ -394,40 +409,15 @@ class Emulator:
         budget = max(1, cfg.context_length - len(prompt)) if max_tokens is None else max_tokens
         if len(prompt) + budget > cfg.context_length:
             raise BadRequest(context_length_message(cfg.context_length, len(prompt), budget))
-        reasoning = cfg.reasoning and kwargs.get("enable_thinking", True) is not False
-        seed = derive_seed(cfg.seed, _opt_int(body, "seed", -(2**63)), prompt)
-        try:
-            calls = choose_tools(
-                tools, body.get("tool_choice"), messages, body.get("parallel_tool_calls") is True
-            )
-            sample = self.speaker.sample(
-                SampleSpec(seed, budget, cfg.completion_tokens, calls, reasoning),
-                messages,
-                tools,
-                kwargs,
-            )
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from exc
-        start_len = _opt_int(body, "routed_experts_start_len", 0) or 0
-        forwarded = len(prompt) + len(sample.ids) - 1  # the last sampled token is never forwarded
-        if body.get("return_routed_experts") and start_len > forwarded:
-            raise BadRequest(f"routed_experts_start_len {start_len} > {forwarded} positions")
+        seed = _opt_int(body, "seed", -(2**63))
+        sample = self._sample(prompt, seed, budget, _chat_tool_choice(body))
+        routed = self._routed_experts(body, prompt, sample)
 
         # serving_chat passes the top-level session_id on (session_params is dropped).
         hint = body.get("session_id")
         ref = self.cache.session_ref(hint if isinstance(hint, str) else None)
         cached = await self.gpu.serve(cfg, prompt, sample.ids, ref)
         self._count_work(len(prompt), cached)
-
-        routed = None
-        if body.get("return_routed_experts") and cfg.return_routed_experts:
-            routed = routed_experts_blob(
-                (prompt + sample.ids)[:forwarded],
-                start_len,
-                layers=cfg.routed_experts_layers,
-                top_k=cfg.routed_experts_top_k,
-                num_experts=cfg.routed_experts_num_experts,
-            )
         rid = body.get("rid")
         return chat_response(
             sample,
@@ -441,6 +431,32 @@ class Emulator:
             routed_experts=routed,
             meta_info=body.get("return_meta_info") is True,
         )
+
+    def _sample(
+        self, prompt: list[int], seed: int | None, budget: int, constraint: ToolConstraint
+    ) -> Sample:
+        """The completion the model samples for `prompt`, on every route:
+        what it decides is read from the prompt ids alone (and the tool call
+        a grammar forces). Noted for the parse routes."""
+        cfg = self.config
+        reading = self.speaker.read(prompt)
+        reasoning = cfg.reasoning and reading.kwargs.get("enable_thinking", True) is not False
+        try:
+            calls = choose_tools(reading, constraint.choice, constraint.single)
+            sample = self.speaker.sample(
+                SampleSpec(
+                    derive_seed(cfg.seed, seed, prompt),
+                    budget,
+                    cfg.completion_tokens,
+                    calls,
+                    reasoning,
+                ),
+                reading,
+            )
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        self.parsed.note(_text_ids(sample), sample.message)
+        return sample
 
     def _count_work(self, prompt_tokens: int, cached: int) -> None:
         self.prompt_tokens += prompt_tokens
@@ -478,11 +494,19 @@ class Emulator:
         cfg = self.config
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object")
+        # SGLang's order: FastAPI's parse, the contract gate, then the
+        # tokenizer manager's checks (generate_params).
+        invalid = fastapi_error(body)
+        if invalid is not None:
+            raise _Invalid(invalid)
+        contract = contract_error(body)
+        if contract is not None:
+            return Reply(400, orjson.dumps({"error": contract}))
         if body.get("stream"):
             raise BadRequest("the emulator does not stream; send stream: false")
+        sampling: dict[str, Any] = body.get("sampling_params") or {}
+        _refuse_unmodelled(body, sampling)
         params = body.get("session_params")
-        if params is not None and not isinstance(params, dict):
-            raise BadRequest("session_params must be an object")
         if body.get("session_id") is not None and params is not None:
             raise BadRequest("session_id and session_params cannot both be set.")
         ids = body.get("input_ids")
@@ -494,11 +518,14 @@ class Emulator:
             )
         if not ids and not (params and params.get("id")):
             raise BadRequest("input_ids cannot be empty.")
-        sampling = body.get("sampling_params") or {}
-        if not isinstance(sampling, dict):
-            raise BadRequest("sampling_params must be an object")
-        max_new = _opt_int(sampling, "max_new_tokens", 0)
-        max_new = _GENERATE_MAX_NEW_TOKENS if max_new is None else max_new
+        # Omitted: SamplingParams' default 128; null: no limit (the context).
+        max_new: int | None = sampling.get("max_new_tokens", _GENERATE_MAX_NEW_TOKENS)
+        _check_lengths(cfg.context_length, len(ids), max_new)
+        error = sampling_error(sampling, vocab)
+        if error is not None:
+            raise BadRequest(error)
+        if max_new == 0:
+            raise BadRequest("the emulator does not model prefill-only requests (max_new_tokens 0)")
         _check_priority(body)
         given_rid = body.get("rid")
         rid = given_rid if isinstance(given_rid, str) else uuid.uuid4().hex
@@ -506,12 +533,13 @@ class Emulator:
         turn: SessionTurn | None = None
         prompt: list[int] = ids
         if params is not None and params.get("id") is not None:
-            turn = self.sessions.create(params, rid, ids, max_new, self.now())
+            # Non-streaming sessions keep output[:max_new_tokens] (no limit: all).
+            kept = max_new if max_new is not None else cfg.context_length
+            turn = self.sessions.create(params, rid, ids, kept, self.now())
             prompt = turn.turn.context
             self._sessions_changed()  # tests wait for the turn to be in flight
-        seed = _opt_int(sampling, "sampling_seed", _INT64_MIN)
         try:
-            sample, cached = await self._run(body, prompt, turn, max_new, seed)
+            sample, cached, routed = await self._run(body, sampling, prompt, turn, max_new)
         except BaseException:
             if turn is not None:
                 self.sessions.abort(turn)
@@ -528,37 +556,64 @@ class Emulator:
             "weight_version": cfg.weight_version,
             "num_retractions": 0,
         }
+        n = len(sample.ids)
         if body.get("return_logprob"):
+            texts: list[str | None] = (
+                list(self.speaker.template.decode_pieces(sample.ids))
+                if body.get("return_text_in_logprobs")
+                else [None] * n
+            )
+            # logprob_start_len -1 starts at the prompt's end: no input entries.
+            meta["input_token_logprobs"] = []
             meta["output_token_logprobs"] = [
-                [lp, tok, None] for lp, tok in zip(sample.logprobs, sample.ids, strict=True)
+                [lp, tok, text]
+                for lp, tok, text in zip(sample.logprobs, sample.ids, texts, strict=True)
             ]
+            meta["output_token_logprobs_length"] = n
         meta.update(
-            reasoning_tokens=0,
-            completion_tokens=len(sample.ids),
+            reasoning_tokens=sample.reasoning_tokens,
+            completion_tokens=n,
             cached_tokens=cached,
-            e2e_latency=trio.current_time() - arrival,
         )
-        text = self.model.tokenizer.decode(sample.ids, skip_special_tokens=True)
-        return Reply(200, orjson.dumps({"text": text, "output_ids": sample.ids, "meta_info": meta}))
+        if routed is not None:
+            meta["routed_experts"] = routed
+        meta["e2e_latency"] = trio.current_time() - arrival
+        skip = sampling.get("skip_special_tokens")
+        text = self._decode(
+            sample.ids if sampling.get("no_stop_trim") else _text_ids(sample),
+            skip is not False,
+        )
+        answer: dict[str, Any] = {"text": text, "output_ids": sample.ids, "meta_info": meta}
+        if body.get("return_prompt_token_ids"):
+            answer["prompt_token_ids"] = ids  # the request's own ids, as tokenized
+        return Reply(200, orjson.dumps(answer))
 
     async def _run(
         self,
         body: dict[str, Any],
+        sampling: dict[str, Any],
         prompt: list[int],
         turn: SessionTurn | None,
-        max_new: int,
-        seed: int | None,
-    ) -> tuple[Sample, int]:
-        """Sample and wait the GPU time of one /generate request; (sample, cached)."""
+        max_new: int | None,
+    ) -> tuple[Sample, int, str | None]:
+        """Sample and wait the GPU time of one /generate request;
+        (sample, cached tokens, routed experts blob)."""
         cfg = self.config
         if len(prompt) >= cfg.context_length:
             raise BadRequest(
                 f"The input ({len(prompt)} tokens) is longer than the model's context "
                 f"length ({cfg.context_length} tokens)."
             )
-        budget = max(1, min(max_new, cfg.context_length - len(prompt)))
-        spec = SampleSpec(derive_seed(cfg.seed, seed, prompt), budget, cfg.completion_tokens)
-        sample = self.speaker.sample(spec, [], None, {})
+        if body.get("return_logprob"):
+            _check_logprob_start(body.get("logprob_start_len"), len(prompt))
+        try:
+            constraint = tool_constraint(sampling.get("json_schema"))
+        except ValueError as exc:  # the grammar does not compile: the scheduler aborts
+            raise BadRequest(str(exc)) from exc
+        room = cfg.context_length - len(prompt)
+        budget = max(1, room if max_new is None else min(max_new, room))
+        sample = self._sample(prompt, sampling.get("sampling_seed"), budget, constraint)
+        routed = self._routed_experts(body, prompt, sample)
         if turn is None or not turn.streaming:
             # A radix-native session (top-level session_id) or a non-streaming
             # session_params session: both reference their KV under the flag.
@@ -574,7 +629,52 @@ class Emulator:
                 held=turn.held_prefix,
                 fill="prompt" if turn.publish else "none",
             )
-        return sample, cached
+        return sample, cached, routed
+
+    def _routed_experts(
+        self, body: dict[str, Any], prompt: list[int], sample: Sample
+    ) -> str | None:
+        """``meta_info.routed_experts`` if the request asks for it (chat and
+        /generate alike); raises BadRequest for a start past the positions."""
+        if not lax_true(body.get("return_routed_experts")):
+            return None
+        start_len = _opt_int(body, "routed_experts_start_len", 0) or 0
+        forwarded = len(prompt) + len(sample.ids) - 1  # the last sampled token is never forwarded
+        if start_len > forwarded:
+            raise BadRequest(f"routed_experts_start_len {start_len} > {forwarded} positions")
+        cfg = self.config
+        if not cfg.return_routed_experts:
+            return None
+        return routed_experts_blob(
+            (prompt + sample.ids)[:forwarded],
+            start_len,
+            layers=cfg.routed_experts_layers,
+            top_k=cfg.routed_experts_top_k,
+            num_experts=cfg.routed_experts_num_experts,
+        )
+
+    def _decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        """The detokenizer's text of `ids` (what /generate answers)."""
+        text: str = self.model.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return text
+
+    # -- /parse_function_call, /separate_reasoning ---------------------------
+
+    def parse_function_call(self, raw: bytes) -> Reply:
+        """``/parse_function_call``: the tool calls of a text the emulator sampled."""
+        self.parse_calls["parse_function_call"] += 1
+        return self._parse_counted(self.parsed.parse_function_call(raw))
+
+    def separate_reasoning(self, raw: bytes) -> Reply:
+        """``/separate_reasoning``: the reasoning of a text the emulator sampled."""
+        self.parse_calls["separate_reasoning"] += 1
+        return self._parse_counted(self.parsed.separate_reasoning(raw))
+
+    def _parse_counted(self, reply: Reply) -> Reply:
+        if reply.status != 200:
+            self.parse_calls["refused"] += 1
+        self._notify()
+        return reply
 
     def _prompt_ids(self, ids: Any) -> list[int]:
         """The prompt: ``input_ids`` only. SGLang would render ``messages``
@@ -591,3 +691,96 @@ class Emulator:
         ):
             raise BadRequest(f"input_ids must be a non-empty list of ids in [0, {vocab})")
         return ids
+
+
+def _chat_tool_choice(body: dict[str, Any]) -> ToolConstraint:
+    """The grammar SGLang's chat route builds from `tool_choice`, as the
+    tool call it forces: "required" or a named function force a call
+    (``get_json_schema_constraint``; ``parallel_tool_calls: false`` allows one),
+    "auto" (the default) and "none" force nothing ("none": no call). Checked
+    like ``serving_chat._validate_request``."""
+    value = body.get("tool_choice")
+    names = [t["function"]["name"] for t in body.get("tools") or ()]
+    if isinstance(value, dict):
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise BadRequest("tool_choice must name a function")
+        if not names:
+            raise BadRequest("Tools cannot be empty if tool choice is set to a specific tool.")
+        if name not in names:
+            raise BadRequest(f"Tool '{name}' not found in tools list.")
+        return ToolConstraint(name, single=True)
+    if value is None:
+        return ToolConstraint()
+    if value not in ("auto", "none", "required"):
+        raise BadRequest(f"tool_choice {value!r} is not auto, none, required or a function")
+    if value == "required" and not names:
+        raise BadRequest("Tools cannot be empty if tool choice is set to required.")
+    return ToolConstraint(
+        str(value), single=value == "required" and body.get("parallel_tool_calls") is False
+    )
+
+
+def _text_ids(sample: Sample) -> list[int]:
+    """The ids /generate's ``text`` decodes: through the stop, the matched stop
+    token trimmed (``DetokenizerManager.trim_matched_stop``, no_stop_trim off)."""
+    finish = sample.finish
+    if finish.get("type") == "stop" and isinstance(finish.get("matched"), int):
+        return sample.ids[:-1]
+    return sample.ids
+
+
+def _check_lengths(context_length: int, prompt_tokens: int, max_new: int | None) -> None:
+    """``TokenizerManager._validate_one_request``, on the request's own ids."""
+    if prompt_tokens >= context_length:
+        raise BadRequest(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context "
+            f"length ({context_length} tokens)."
+        )
+    if max_new is not None and max_new + prompt_tokens > context_length:
+        raise BadRequest(context_length_message(context_length, prompt_tokens, max_new))
+
+
+def _check_logprob_start(start: int | None, prompt_tokens: int) -> None:
+    """``logprob_start_len`` with ``return_logprob`` (the scheduler's
+    ``_handle_generate_request``): -1 (the default) starts at the prompt's end;
+    past it, SGLang aborts the request; inside the prompt it would return
+    prompt logprobs, which the emulator does not have."""
+    if start is None or start == -1 or start == prompt_tokens:
+        return
+    if start > prompt_tokens:
+        raise BadRequest(
+            f"req.logprob_start_len={start} is higher than the number of input tokens "
+            f"len(req.origin_input_ids)={prompt_tokens}. Please use a smaller logprob_start_len."
+        )
+    raise BadRequest(
+        "the emulator has no prompt logprobs: send logprob_start_len -1 (or the prompt length)"
+    )
+
+
+# Keys a batched /generate request makes lists of (the emulator serves one request per call).
+_BATCH_KEYS: Final = (
+    "rid", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
+    "return_hidden_states", "lora_path", "custom_logit_processor",
+)  # fmt: skip
+
+
+def _refuse_unmodelled(body: dict[str, Any], sampling: dict[str, Any]) -> None:
+    """What SGLang would answer and the emulator cannot: refused, never faked."""
+    for key in ("image_data", "video_data", "audio_data", "input_embeds"):
+        if body.get(key) is not None:
+            raise BadRequest(f"the emulator serves a text model: {key} is not supported")
+    if body.get("text") is not None:
+        raise BadRequest("the emulator never tokenizes text; send input_ids")
+    for key in _BATCH_KEYS:
+        if isinstance(body.get(key), list):
+            raise BadRequest(f"the emulator serves one request per call: {key} must not be a list")
+    if lax_true(body.get("return_hidden_states")):
+        raise BadRequest("the emulator has no hidden states (return_hidden_states)")
+    if body.get("return_logprob") and (
+        body.get("top_logprobs_num") or body.get("token_ids_logprob") is not None
+    ):
+        raise BadRequest("the emulator has no top logprobs (top_logprobs_num, token_ids_logprob)")
+    if sampling.get("n") not in (None, 1):
+        raise BadRequest("n must be 1")

@@ -3,7 +3,8 @@
 Owns `create_emulator_app` (one `Emulator` per app, reachable as
 ``app.extensions["emulator"]``), the thin route adapters (SGLang's
 ``/health``, ``/get_model_info``, ``/server_info``, ``/v1/models``, ``/v1/chat/completions``,
-``/generate``, ``/open_session``, ``/close_session``, plus ``/emulator/stats``) and
+``/generate``, ``/parse_function_call``, ``/separate_reasoning``, ``/open_session``,
+``/close_session``, plus ``/emulator/stats``) and
 `start_emulator`. What a call does is the `Emulator`'s job (`emulator`);
 this module only moves bytes and status codes between it and HTTP.
 """
@@ -35,7 +36,7 @@ def _json(payload: Any) -> Response:
 
 def _reply(reply: Reply) -> Response:
     return Response(
-        reply.body, status=reply.status, content_type="application/json", headers=reply.headers
+        reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers
     )
 
 
@@ -114,6 +115,12 @@ def create_emulator_app(
     async def generate() -> Response:
         return _reply(await emulator.handle_generate(await _raw_body()))
 
+    async def parse_function_call() -> Response:
+        return _reply(emulator.parse_function_call(await _raw_body()))
+
+    async def separate_reasoning() -> Response:
+        return _reply(emulator.separate_reasoning(await _raw_body()))
+
     async def open_session() -> Response:
         # SGLang answers with the session id as a JSON string.
         return _reply(emulator.open_session(await _raw_body()))
@@ -134,6 +141,8 @@ def create_emulator_app(
         ("/v1/models", models, "GET"),
         ("/v1/chat/completions", chat, "POST"),
         ("/generate", generate, "POST"),
+        ("/parse_function_call", parse_function_call, "POST"),
+        ("/separate_reasoning", separate_reasoning, "POST"),
         ("/open_session", open_session, "POST"),
         ("/close_session", close_session, "POST"),
         ("/emulator/stats", stats, "GET"),

@@ -81,11 +81,13 @@ _PLACEHOLDER: Final = "__emulator_fault_placeholder__"
 
 @dataclass(frozen=True)
 class Reply:
-    """An answer of the chat route: status, JSON body bytes, extra headers."""
+    """An answer of the emulator: status, body bytes (JSON unless
+    ``content_type`` says otherwise), extra headers."""
 
     status: int
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
 
 
 class BadRequest(Exception):

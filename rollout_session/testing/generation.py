@@ -32,6 +32,8 @@ from rollout_session.prompt.messages import Message
 from rollout_session.prompt.model_output import CallIds, answer_ids
 from rollout_session.prompt.tokenizer import ChatTokenizer
 
+from .prompt_reader import PromptReader, Reading
+
 __all__ = [
     "WORDS",
     "Sample",
@@ -129,26 +131,6 @@ class TextModel:
         )
 
 
-# Characters of a message's content kept in the context an answer's format
-# is derived from: templates look at how a message starts (Qwen3 tells tool
-# results sent as user messages by `<tool_response>`), not at all of it.
-_CONTEXT_CHARS: Final = 64
-
-
-def _context(messages: Sequence[Message]) -> list[Message]:
-    """The messages from the last user message on, their texts cut short:
-    what decides the answer's format, so deriving it costs O(structure of the
-    latest exchange), not O(history) or O(prompt length)."""
-    start = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user"), 0)
-    context = [
-        m
-        if m["role"] == "assistant" or not isinstance(m.get("content"), str)
-        else {**m, "content": m["content"][:_CONTEXT_CHARS]}
-        for m in messages[start:]
-    ]
-    return context or [{"role": "user", "content": "."}]
-
-
 # Reasoning markers of the <think> families (Qwen3, DeepSeek-R1, GLM).
 _THINK = ("<think>", "</think>")
 
@@ -160,16 +142,16 @@ class Speaker:
         self.model = model
         self.template = template
         self.call_ids = CallIds(template)
+        self.reader = PromptReader(template, self.call_ids(0))
 
-    def sample(
-        self,
-        spec: SampleSpec,
-        messages: Sequence[Message],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
-    ) -> Sample:
+    def read(self, prompt_ids: Sequence[int]) -> Reading:
+        """What the model reads from its prompt (`prompt_reader`)."""
+        return self.reader.read(prompt_ids)
+
+    def sample(self, spec: SampleSpec, reading: Reading) -> Sample:
         rng = np.random.default_rng(spec.seed)
-        context = _context(messages)
+        context = reading.context(self.call_ids(0))
+        tools, kwargs = reading.openai_tools, reading.kwargs
         answer: Message = {"role": "assistant", "content": ""}
         if spec.reasoning:
             answer["reasoning_content"] = self.model.words_text(rng, int(rng.integers(4, 11)))
@@ -284,34 +266,30 @@ class Speaker:
 
 
 def choose_tools(
-    tools: list[dict[str, Any]] | None,
-    tool_choice: Any,
-    messages: list[Any] | None,
-    parallel: bool = False,
+    reading: Reading, tool_choice: Any, single: bool = False
 ) -> tuple[dict[str, Any], ...]:
     """The functions the model calls in one answer (none: it answers with text).
 
-    Like an agentic model: call the first offered tool (or the one named by
-    ``tool_choice``) when the user just spoke, answer with text after a tool
-    result. With ``parallel`` (the request set ``parallel_tool_calls: true``
-    itself) it calls every offered tool at once. Without messages (bare
-    ``input_ids``) the last speaker is taken to be the user. Raises
-    ValueError when ``tool_choice`` names an unknown tool.
+    Like an agentic model, from what it read in its prompt: it calls the
+    first offered tool (every one when the user asked for all at once) when
+    the user just spoke, and answers with text after a tool result.
+    `tool_choice` is the constraint the request sampled under (SGLang's
+    chat route builds it from the request's; on ``/generate`` it is read
+    from the sampling parameters): "required" forces a call, a name forces
+    that function; `single` (a grammar allowing one call: ``maxItems: 1``)
+    keeps the first call only. Raises ValueError when it names a tool the
+    prompt does not offer.
     """
-    if not tools or tool_choice == "none":
-        return ()
-    functions: list[dict[str, Any]] = [t["function"] for t in tools]
-    if isinstance(tool_choice, dict):
-        function = tool_choice.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
+    functions = list(reading.tools)
+    if isinstance(tool_choice, str) and tool_choice not in ("auto", "required", "none"):
         for f in functions:
-            if f["name"] == name:
+            if f["name"] == tool_choice:
                 return (f,)
-        raise ValueError(f"tool_choice names an unknown function {name!r}")
-    last = messages[-1] if messages else None
-    last_role = last.get("role") if isinstance(last, dict) else "user"
-    if tool_choice == "required" or last_role == "user":
-        return tuple(functions) if parallel else (functions[0],)
+        raise ValueError(f"tool_choice names a function the prompt does not offer: {tool_choice!r}")
+    if not functions or tool_choice == "none":
+        return ()
+    if tool_choice == "required" or not reading.after_tool:
+        return tuple(functions) if reading.parallel and not single else (functions[0],)
     return ()
 
 

@@ -25,6 +25,7 @@ from rollout_session.testing.emulator_cli import add_arguments, config_from_args
 from rollout_session.testing.faults import FAULT_HEADER
 from rollout_session.testing.generation import TextModel
 from rollout_session.testing.prefix_cache import PrefixCache
+from rollout_session.testing.prompt_reader import ALL_TOOLS
 from rollout_session.testing.sglang_answer import routed_experts_blob
 
 # Aliased: pytest would collect a module-level name starting with "test_".
@@ -707,9 +708,13 @@ async def test_like_sglang_it_needs_input_ids_and_gives_meta_info_only_when_aske
     assert asked["choices"][0]["meta_info"]["completion_tokens"] == len(sampled(asked)[0])
 
 
-async def test_parallel_tool_calls_when_the_request_asks_for_them(serve: Serve) -> None:
+async def test_parallel_tool_calls_when_the_user_asks_for_them(serve: Serve) -> None:
+    # The model reads its prompt: the request's parallel_tool_calls is not in it.
     client, _ = await serve()
-    answer = await chat(client, {"messages": MESSAGES, "tools": TOOLS, "parallel_tool_calls": True})
+    asks = [MESSAGES[0], {"role": "user", "content": f"List the files; {ALL_TOOLS}."}]
+    single = await chat(client, {"messages": MESSAGES, "tools": TOOLS, "parallel_tool_calls": True})
+    assert len(single["choices"][0]["message"]["tool_calls"]) == 1
+    answer = await chat(client, {"messages": asks, "tools": TOOLS})
     calls = answer["choices"][0]["message"]["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["read_file", "list_dir"]
     assert [c["index"] for c in calls] == [0, 1] and calls[0]["id"] != calls[1]["id"]

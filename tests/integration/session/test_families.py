@@ -11,6 +11,7 @@ the worker's, under mask 1, and nothing else is.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,9 @@ from rollout_session.prompt.junction import STOPPED
 from rollout_session.prompt.messages import Message, assistant_message, normalize_messages
 from rollout_session.prompt.tokenizer import ChatTokenizer
 from rollout_session.testing import EmulatorConfig, TextModel
+from rollout_session.testing.prompt_reader import ALL_TOOLS
 from tests.conftest import spawn_worker
-from tests.families import family_path, family_tokenizer
+from tests.families import family_path, family_tokenizer, template_text
 from tests.integration.session.test_turns import check_document
 from tests.unit.prompt.test_check import CASES, REPORT
 
@@ -107,13 +109,27 @@ def _echo(message: Any) -> dict[str, Any]:
 
 
 async def _episode(
-    agent: openai.AsyncOpenAI, *, tools: list[Any] | None, cut_at: int | None = None, **extra: Any
+    agent: openai.AsyncOpenAI,
+    *,
+    tools: list[Any] | None,
+    cut_at: int | None = None,
+    parallel: bool = False,
+    lists_tools: bool = True,
+    **extra: Any,
 ) -> Episode:
     """System + user, then four model calls: tool results after tool calls,
-    a new user message after text; `cut_at` gets max_tokens=3."""
+    a new user message after text; `cut_at` gets max_tokens=3. The emulator's
+    model reads its prompt (docs/emulator.md#the-model-reads-its-prompt):
+    `parallel` asks it for every tool at once; a template that does not
+    render tools (`lists_tools` false) gets them in the system prompt."""
+    system = "You are a helpful agent."
+    if tools and not lists_tools:
+        # The template writes no tools (DeepSeek's): list them, as its users do.
+        system += "\nTools:\n" + "\n".join(json.dumps(t) for t in tools)
+    ask = "What is the weather in Paris?" + (f" Please {ALL_TOOLS}." if parallel else "")
     messages: list[Any] = [
-        {"role": "system", "content": "You are a helpful agent."},
-        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "system", "content": system},
+        {"role": "user", "content": ask},
     ]
     episode = Episode(tools)
     for i in range(4):
@@ -204,6 +220,7 @@ async def test_family_episodes_are_exact(
     url = await serve_family(family, kwargs)
     tok = family_tokenizer(family)
     outcomes = dict(zip(CASES, REPORT[family], strict=True))
+    lists_tools = "tools" in template_text(family)
     async with httpx.AsyncClient(base_url=url, timeout=30) as trainer:
         for pattern in PATTERNS:
             if outcomes[pattern] is Outcome.UNSUPPORTED:
@@ -218,9 +235,15 @@ async def test_family_episodes_are_exact(
                 reasoned = [bool(t.answer.get("reasoning_content")) for t in episode.turns]
                 assert all(reasoned) is reasoning and any(reasoned) is reasoning
             elif pattern == "tool call":
-                episode = await _episode(agent, tools=[WEATHER])
+                episode = await _episode(agent, tools=[WEATHER], lists_tools=lists_tools)
             elif pattern == "parallel tool calls":
-                episode = await _episode(agent, tools=[WEATHER, CLOCK], parallel_tool_calls=True)
+                episode = await _episode(
+                    agent,
+                    tools=[WEATHER, CLOCK],
+                    parallel=True,
+                    lists_tools=lists_tools,
+                    parallel_tool_calls=True,
+                )
                 assert any(len(t.answer["tool_calls"]) == 2 for t in episode.turns)
             else:
                 episode = await _episode(agent, tools=None, cut_at=1)
@@ -257,7 +280,8 @@ async def test_diff_renders_like_the_turns_did(
         agent = openai.AsyncOpenAI(
             base_url=f"{url}/sessions/{sid}/v1", api_key="unused", max_retries=0
         )
-        episode = await _episode(agent, tools=[WEATHER], **extra)
+        lists_tools = "tools" in template_text(family)
+        episode = await _episode(agent, tools=[WEATHER], lists_tools=lists_tools, **extra)
         await agent.close()
         assert any(t.answer["tool_calls"] for t in episode.turns)
         response = await trainer.get(f"/sessions/{sid}/diff")

@@ -1,0 +1,202 @@
+"""The `sglang-generate` engine: one turn through SGLang's native ``/generate``.
+
+The worker is sent the prompt ids and the sampling parameters SGLang's chat
+route would have built (`request`); its answer is checked strictly
+(`answer`), parsed by SGLang's own parsers on the same worker (`parsers`),
+and the agent is answered with the chat completion the chat route would
+have written (`reply`). Continuing a partial completion is not offered yet.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import orjson
+
+from ...errors import UpstreamError, UpstreamMalformed
+from ..base import (
+    AgentReply,
+    CannotContinue,
+    Completion,
+    EngineRequest,
+    EngineSession,
+    Refusal,
+    Validation,
+)
+from ..pool import WorkerPool
+from ..served_model import ServedModel
+from ..sglang_chat.answer import AnswerCheck
+from .answer import GenerateAnswer, check_generate_answer
+from .parsers import Parsers
+from .reply import ParsedAnswer, chat_completion, error_reply, parse_json_array, tool_call_id
+from .request import GenerateOptions, Untranslatable, generate_body
+
+__all__ = ["SGLangGenerateEngine"]
+
+GENERATE_PATH = "/generate"
+_SEPARATE_REASONING = "/separate_reasoning"
+_PARSE_FUNCTION_CALL = "/parse_function_call"
+
+
+@dataclass(slots=True)
+class SGLangGenerateEngine:
+    pool: WorkerPool
+    validation: Validation
+    model: ServedModel
+    options: GenerateOptions = field(default_factory=lambda: GenerateOptions(Parsers()))
+    session_hints: bool = False
+
+    can_continue: ClassVar[bool] = False
+
+    async def complete(
+        self, session: EngineSession, request: EngineRequest
+    ) -> Completion | Refusal:
+        if request.partial is not None:
+            raise CannotContinue("sglang-generate does not continue partial completions yet")
+        parsers = self.options.parsers
+        forced = parsers.forces_reasoning(request.template_kwargs)
+        rid = uuid.uuid4().hex
+        try:
+            payload = generate_body(
+                request,
+                self.options,
+                rid=rid,
+                require_reasoning=forced,
+                session_hint=session.id if self.session_hints else None,
+            )
+        except Untranslatable as exc:
+            return Refusal(error_reply(400, str(exc)), session.worker or "")
+        reply = await self.pool.chat(session, payload, GENERATE_PATH)
+        if reply.status != 200:
+            # The worker's own refusal, in the chat route's error shape.
+            return Refusal(error_reply(reply.status, _message(reply.body)), reply.worker)
+        check = AnswerCheck(
+            sent_prompt_tokens=len(request.input_ids),
+            vocab_size=request.vocab_size,
+            experts_from=request.experts_from,
+            experts_width=request.experts_width,
+        )
+        try:
+            answer = await self.validation.validate(
+                check_generate_answer, reply.body, check, len(reply.body)
+            )
+        except UpstreamMalformed as exc:
+            self.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
+            raise
+        self.pool.report_success(reply.worker)
+        parsed = await self._parse(session, reply.worker, request, answer, forced)
+        model = self.model.upstream_name(request.params.get("model")) or "default"
+        meta = orjson.loads(reply.body)["meta_info"]
+        body = chat_completion(rid, model, answer, parsed, meta)
+        return Completion(
+            ids=answer.ids,
+            logprobs=answer.logprobs,
+            content=parsed.content,
+            tool_calls=parsed.tool_calls,
+            reasoning_content=parsed.reasoning,
+            finish_reason=parsed.finish["type"],
+            model=model,
+            weight_version=answer.weight_version,
+            cached_tokens=answer.cached_tokens,
+            experts=answer.experts,
+            worker=reply.served_by,
+            latency_s=reply.latency_s,
+            reply=AgentReply(200, [(b"content-type", b"application/json")], body),
+        )
+
+    async def _parse(
+        self,
+        session: EngineSession,
+        worker: str,
+        request: EngineRequest,
+        answer: GenerateAnswer,
+        forced: bool,
+    ) -> ParsedAnswer:
+        """serving_chat._build_chat_response's order: reasoning, then tool calls."""
+        parsers = self.options.parsers
+        params = request.params
+        text, reasoning = answer.text, None
+        finish = dict(answer.finish)
+        if parsers.reasoning is not None and params.get("separate_reasoning", True):
+            # force_reasoning as a think-start prefix (parsers.py says why it is exact).
+            sent = parsers.think_start + text if forced else text
+            got = await self._route(
+                session,
+                worker,
+                _SEPARATE_REASONING,
+                {"text": sent, "reasoning_parser": parsers.reasoning},
+            )
+            reasoning = got.get("reasoning_text") or None
+            text = got.get("text", "")
+        tools = params.get("tools") or []
+        choice = params.get("tool_choice", "auto" if tools else "none")
+        calls: list[dict[str, Any]] = []
+        if parsers.tool_call is not None and tools and choice != "none":
+            forced_choice = choice == "required" or isinstance(choice, dict)
+            if forced_choice and parsers.parses_required_as_json:
+                text, found = parse_json_array(text, finish)
+            else:
+                got = await self._route(
+                    session,
+                    worker,
+                    _PARSE_FUNCTION_CALL,
+                    {"text": text, "tools": tools, "tool_call_parser": parsers.tool_call},
+                )
+                text = got.get("normal_text", "")
+                found = got.get("calls") or []
+            history = sum(
+                len(m.get("tool_calls") or [])
+                for m in params.get("messages") or []
+                if m.get("role") == "assistant"
+            )
+            for i, call in enumerate(found):
+                calls.append(
+                    {
+                        "id": tool_call_id(parsers, call, history),
+                        "index": i,
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": call["parameters"]},
+                    }
+                )
+            if calls and finish["type"] == "stop":
+                finish = {"type": "tool_calls", "matched": None}
+        return ParsedAnswer(text or "", reasoning, calls, finish)
+
+    async def _route(
+        self, session: EngineSession, worker: str, path: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        reply = await self.pool.follow_up(worker, session, path, orjson.dumps(body))
+        if reply.status != 200:
+            raise UpstreamError(
+                f"the worker's {path} answered {reply.status}: {_message(reply.body)}"
+            )
+        try:
+            data = orjson.loads(reply.body)
+        except orjson.JSONDecodeError:
+            data = None
+        if not isinstance(data, dict):
+            raise UpstreamError(f"the worker's {path} answer is not a JSON object")
+        return data
+
+    def adopt(self, session: EngineSession) -> None:
+        self.pool.adopt(session)
+
+    def release(self, session: EngineSession) -> None:
+        self.pool.release_session(session)
+
+
+def _message(body: bytes) -> str:
+    """The message of an SGLang error body (either shape), else the body."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:500].decode("utf-8", "replace")
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    if isinstance(error, str):
+        return error
+    message = data.get("message") if isinstance(data, dict) else None
+    return message if isinstance(message, str) else body[:500].decode("utf-8", "replace")
