@@ -520,7 +520,8 @@ class Emulator:
             raise BadRequest("input_ids cannot be empty.")
         # Omitted: SamplingParams' default 128; null: no limit (the context).
         max_new: int | None = sampling.get("max_new_tokens", _GENERATE_MAX_NEW_TOKENS)
-        _check_lengths(cfg.context_length, len(ids), max_new)
+        # Checked only when sent (the tokenizer manager reads the request's dict).
+        _check_lengths(cfg.context_length, len(ids), sampling.get("max_new_tokens"))
         error = sampling_error(sampling, vocab)
         if error is not None:
             raise BadRequest(error)

@@ -21,56 +21,62 @@ import trio
 from transformers import AutoTokenizer
 
 from rollout_session import Settings, create_app
-from rollout_session.http.serving import start_server
+from rollout_session.errors import InvalidRequest
+from rollout_session.http.serving import RunningServer, start_server
+from rollout_session.prompt.check import Outcome
+from rollout_session.prompt.messages import Message
 from rollout_session.testing import EmulatorConfig, TextModel
 from tests.conftest import spawn_worker
 from tests.families import FAMILIES, family_facts, family_path, family_tokenizer, template_text
 from tests.integration.session.test_families import CLOCK, PATTERNS, WEATHER, _episode
-from tests.unit.prompt.test_check import CASES, REPORT, Outcome
+from tests.unit.prompt.test_check import CASES, REPORT
 
 _CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
 
 
-async def _run(
-    nursery: trio.Nursery, family: str, engine: str, pattern: str
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+async def _servers(nursery: trio.Nursery, family: str) -> dict[str, RunningServer]:
+    """One emulator worker, and a session server on each engine in front of it."""
     path = family_path(family)
     model = TextModel(AutoTokenizer.from_pretrained(str(path)))
     worker = await spawn_worker(nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True))
     facts = family_facts(family)
-    parsers = (
-        {
-            "tool_call_parser": facts.get("sglang_tool_call_parser"),
-            "reasoning_parser": facts.get("sglang_reasoning_parser"),
-        }
-        if engine == "sglang-generate"
-        else {}
-    )
-    settings = Settings(
-        workers=(worker.url,), port=0, tokenizer=str(path), engine=engine, **parsers
-    )
-    server = await start_server(nursery, create_app(settings, tokenizer=family_tokenizer(family)))
-    try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as trainer:
-            sid = (await trainer.post("/sessions", json={})).json()["session_id"]
-            agent = openai.AsyncOpenAI(
-                base_url=f"{server.url}/sessions/{sid}/v1", api_key="unused", max_retries=0
+    servers = {}
+    for engine in ENGINES:
+        generate = engine == "sglang-generate"
+        settings = Settings(
+            workers=(worker.url,),
+            port=0,
+            tokenizer=str(path),
+            engine=engine,
+            tool_call_parser=facts.get("sglang_tool_call_parser") if generate else None,
+            reasoning_parser=facts.get("sglang_reasoning_parser") if generate else None,
+        )
+        app = create_app(settings, tokenizer=family_tokenizer(family))
+        servers[engine] = await start_server(nursery, app)
+    return servers
+
+
+async def _run(
+    server: RunningServer, family: str, pattern: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as trainer:
+        sid = (await trainer.post("/sessions", json={})).json()["session_id"]
+        agent = openai.AsyncOpenAI(
+            base_url=f"{server.url}/sessions/{sid}/v1", api_key="unused", max_retries=0
+        )
+        lists_tools = "tools" in template_text(family)
+        if pattern == "plain":
+            episode = await _episode(agent, tools=None)
+        elif pattern == "tool call":
+            episode = await _episode(agent, tools=[WEATHER], lists_tools=lists_tools)
+        elif pattern == "parallel tool calls":
+            episode = await _episode(
+                agent, tools=[WEATHER, CLOCK], parallel=True, lists_tools=lists_tools
             )
-            lists_tools = "tools" in template_text(family)
-            if pattern == "plain":
-                episode = await _episode(agent, tools=None)
-            elif pattern == "tool call":
-                episode = await _episode(agent, tools=[WEATHER], lists_tools=lists_tools)
-            elif pattern == "parallel tool calls":
-                episode = await _episode(
-                    agent, tools=[WEATHER, CLOCK], parallel=True, lists_tools=lists_tools
-                )
-            else:
-                episode = await _episode(agent, tools=None, cut_at=1)
-            await agent.close()
-            doc = (await trainer.get(f"/sessions/{sid}/trajectory")).json()
-    finally:
-        await server.aclose()
+        else:
+            episode = await _episode(agent, tools=None, cut_at=1)
+        await agent.close()
+        doc = (await trainer.get(f"/sessions/{sid}/trajectory")).json()
     return doc, [t.answer for t in episode.turns]
 
 
@@ -78,8 +84,6 @@ def _shape(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for answer in answers:
         calls = answer.get("tool_calls") or []
-        for call in calls:
-            assert _CALL_ID.match(call["id"]) or call["id"].startswith("functions."), call
         out.append(
             {
                 "content": answer.get("content") or "",
@@ -90,23 +94,68 @@ def _shape(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-CASES_RUN = [
-    (family, pattern)
-    for family in FAMILIES
-    for pattern in PATTERNS
-    if dict(zip(CASES, REPORT[family], strict=True))[pattern] is not Outcome.UNSUPPORTED
-]
+def _refuses_sglang_call_ids(family: str) -> bool:
+    """The template rejects the tool-call ids SGLang's chat route mints
+    (``call_`` + 24 hex): Mistral's demand 9 alphanumerics."""
+    call = {"id": "call_" + "0" * 24, "function": {"name": "f", "arguments": {}}}
+    history: list[Message] = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "y"},
+    ]
+    try:
+        family_tokenizer(family).render(history, tools=None, kwargs={}, add_generation_prompt=True)
+    except InvalidRequest:
+        return True
+    return False
 
 
-@pytest.mark.parametrize(("family", "pattern"), CASES_RUN, ids=[f"{f}-{p}" for f, p in CASES_RUN])
-async def test_generate_engine_matches_chat_engine(
-    nursery: trio.Nursery, family: str, pattern: str
-) -> None:
-    chat_doc, chat_answers = await _run(nursery, family, "sglang-chat", pattern)
-    gen_doc, gen_answers = await _run(nursery, family, "sglang-generate", pattern)
+ENGINES = ("sglang-chat", "sglang-generate")
+# Families whose SGLang reasoning parser sglang-generate cannot reproduce.
+REFUSED = [f for f in FAMILIES if family_facts(f).get("sglang_reasoning_parser") == "gpt-oss"]
+SERVED = [f for f in FAMILIES if f not in REFUSED]
+
+
+@pytest.mark.parametrize("family", SERVED)
+async def test_generate_engine_matches_chat_engine(nursery: trio.Nursery, family: str) -> None:
+    servers = await _servers(nursery, family)
+    outcomes = dict(zip(CASES, REPORT[family], strict=True))
+    patterns = [p for p in PATTERNS if outcomes[p] is not Outcome.UNSUPPORTED]
+    if _refuses_sglang_call_ids(family):
+        # SGLang's chat route mints call_<24 hex> ids (serving_chat
+        # _process_tool_call_id), which this template refuses on the next
+        # turn; the emulator's chat route mints ids the template accepts, so
+        # only answers without calls compare.
+        patterns = [p for p in patterns if "tool" not in p]
+    try:
+        for pattern in patterns:
+            await _compare(servers, family, pattern)
+    finally:
+        for server in servers.values():
+            await server.aclose()
+
+
+async def _compare(servers: dict[str, RunningServer], family: str, pattern: str) -> None:
+    chat_doc, chat_answers = await _run(servers["sglang-chat"], family, pattern)
+    gen_doc, gen_answers = await _run(servers["sglang-generate"], family, pattern)
     for key in ("token_ids", "logprobs", "loss_mask"):
-        assert gen_doc[key] == chat_doc[key], key
+        assert gen_doc[key] == chat_doc[key], (pattern, key)
     assert [t["finish_reason"] for t in gen_doc["turns"]] == [
         t["finish_reason"] for t in chat_doc["turns"]
-    ]
-    assert _shape(gen_answers) == _shape(chat_answers)
+    ], pattern
+    assert _shape(gen_answers) == _shape(chat_answers), pattern
+    for answer in gen_answers:
+        for call in answer.get("tool_calls") or []:
+            assert _CALL_ID.match(call["id"]) or call["id"].startswith("functions."), call
+
+
+@pytest.mark.parametrize("family", REFUSED)
+def test_parsers_it_cannot_reproduce_are_refused_at_startup(family: str) -> None:
+    facts = family_facts(family)
+    with pytest.raises(ValueError, match="not reproduced by sglang-generate"):
+        Settings(
+            workers=("http://127.0.0.1:1",),
+            engine="sglang-generate",
+            tool_call_parser=facts["sglang_tool_call_parser"],
+            reasoning_parser=facts["sglang_reasoning_parser"],
+        )
