@@ -12,7 +12,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .engines.kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, KvMode, is_priority
+from .engines.kv_sessions import (
+    DELTA_NEEDS_GENERATE,
+    KV_MODES,
+    PRIORITY_RANGE,
+    STREAM_REFUSED,
+    KvMode,
+    is_priority,
+)
 from .engines.placement import PLACEMENTS
 from .engines.pool import PoolOptions
 from .engines.served_model import UPSTREAM_MODEL_AGENT, UPSTREAM_MODEL_SERVED
@@ -114,7 +121,8 @@ class Settings:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     # Worker-side KV sessions (kv_sessions.KvMode, docs/kv-sessions.md): off,
-    # or hint (the session id on each turn, /close_session when it ends).
+    # hint (the session id on each turn, /close_session when it ends), or
+    # delta (sglang-generate: each turn sends only the ids the worker lacks).
     kv_sessions: str = "off"
     # SGLang `priority` for sessions created without one; None = not sent.
     default_priority: int | None = None
@@ -242,6 +250,8 @@ class Settings:
             raise ValueError(STREAM_REFUSED)
         if self.kv_sessions not in KV_MODES:
             raise ValueError(f"kv_sessions must be one of {', '.join(KV_MODES)}")
+        if self.kv_sessions == KvMode.DELTA.value and self.engine != "sglang-generate":
+            raise ValueError(DELTA_NEEDS_GENERATE)
         if self.default_priority is not None and not is_priority(self.default_priority):
             raise ValueError(PRIORITY_RANGE)
         if self.prompt_mode not in PROMPT_MODES:

@@ -4,24 +4,86 @@ The only module of `cli` that imports `rollout_session.testing` (the
 emulator), and only when workers start, so importing this module costs
 nothing; `cli.main` and the fleets pass `start_demo_workers` to
 `cli.run.run_server` when the settings ask for a demo.
+
+An emulator serves every SGLang route at once (its chat route, ``/generate``
+and the parse routes), so the demo runs under either ``--engine``. With
+``sglang-generate`` and no parser named, the demo names the parsers a worker
+serving its chat template would be launched with (`demo_parsers`).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Final
 
 import trio
 
 from ..config import Settings
+from ..prompt.builtin import BUILTIN_TEMPLATES, builtin_template
 
-__all__ = ["start_demo_workers"]
+__all__ = ["demo_parsers", "start_demo_workers"]
+
+_log = logging.getLogger("rollout_session")
+
+# SGLang's parser names for the bundled templates: built-in template →
+# (--tool-call-parser, --reasoning-parser when the demo answers with
+# reasoning). Both write Qwen's `<tool_call>` JSON; only qwen3 renders
+# reasoning (a `<think>` block), so ChatML's demo answers never carry one.
+_TEMPLATE_PARSERS: Final = {"chatml": ("qwen25", None), "qwen3": ("qwen25", "qwen3")}
+
+
+def _builtin_name(template: str) -> str | None:
+    return next((n for n in BUILTIN_TEMPLATES if builtin_template(n) == template), None)
+
+
+def demo_parsers(settings: Settings, template: str | None) -> Settings:
+    """`settings`, with the parsers of the demo's chat template (`template`:
+    its text, None when unknown) when the engine is ``sglang-generate`` and
+    none was named; logged. A template the demo does not know gets none, and
+    a warning: its answers then come back unparsed."""
+    if (
+        settings.engine != "sglang-generate"
+        or settings.tool_call_parser
+        or settings.reasoning_parser
+    ):
+        return settings
+    name = None if template is None else _builtin_name(template)
+    if name is None:
+        _log.warning(
+            "serve --demo --engine sglang-generate: no SGLang parsers known for this chat "
+            "template; tool calls and reasoning come back as text unless --tool-call-parser "
+            "and --reasoning-parser name them"
+        )
+        return settings
+    tool_call, reasoning = _TEMPLATE_PARSERS[name]
+    if not settings.demo_reasoning:
+        reasoning = None
+    _log.info(
+        "demo: --engine sglang-generate with --tool-call-parser %s and --reasoning-parser %s "
+        "(SGLang's names for the %s chat template%s)",
+        tool_call,
+        reasoning or "none",
+        name,
+        ", with --demo-reasoning" if reasoning else "",
+    )
+    return replace(settings, tool_call_parser=tool_call, reasoning_parser=reasoning)
+
+
+def _tokenizer_template(tokenizer: str) -> str | None:
+    """The tokenizer directory's own template, if it keeps it as a file."""
+    try:
+        return (Path(tokenizer) / "chat_template.jinja").read_text(encoding="utf-8")
+    except OSError:
+        return None
 
 
 async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
     """Emulator workers speaking the served tokenizer and template (the
     bundled test tokenizer and its ChatML template unless given); the
-    settings with their URLs added. Without the ``demo`` extra, exits
+    settings with their URLs added (and, for ``sglang-generate``, the
+    template's parsers: `demo_parsers`). Without the ``demo`` extra, exits
     naming it."""
     try:
         from ..testing.emulator_app import start_emulator
@@ -35,6 +97,7 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
 
     tokenizer = settings.tokenizer or str(bundled_tokenizer_path())
     template = read_chat_template(settings.chat_template) if settings.chat_template else None
+    settings = demo_parsers(settings, template or _tokenizer_template(tokenizer))
     urls = list(settings.workers)
     for i in range(settings.demo_workers):
         config = EmulatorConfig(

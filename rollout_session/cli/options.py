@@ -122,8 +122,9 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "--kv-sessions",
         "kv_sessions",
         str,
-        "worker-side KV sessions: off, or hint (session id each turn, /close_session at "
-        "the end; workers need --enable-session-radix-cache; docs/kv-sessions.md)",
+        "worker-side KV sessions: off, hint (session id each turn, /close_session at "
+        "the end; workers need --enable-session-radix-cache), or delta (sglang-generate: "
+        "each turn sends only new ids over SGLang sessions; docs/kv-sessions.md)",
     ),
     ("--default-priority", "default_priority", int, "SGLang priority of sessions without one"),
     ("--placement", "placement", str, "sticky-least-loaded, consistent-hash, round-robin"),

@@ -23,7 +23,7 @@ Two capabilities later engines need are part of the seam's shape:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -154,3 +154,7 @@ class Engine(Protocol):
 
     def release(self, session: EngineSession) -> None:
         """The session takes no more turns: drop its pin and engine state."""
+
+    async def close_worker_sessions(self, sessions: Iterable[EngineSession]) -> None:
+        """Shutdown: free what workers hold for these sessions now (best
+        effort, bounded by the pool's health timeout)."""

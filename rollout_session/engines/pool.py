@@ -302,6 +302,21 @@ class WorkerPool:
             session.worker = chosen.url
         return chosen
 
+    async def server_info(self, url: str) -> dict[str, Any]:
+        """The worker's ``/server_info`` (SGLang's server args), or {} when it
+        cannot be read (a gateway in front, an older worker)."""
+        try:
+            response = await self._probe_client.get(f"{url}/server_info")
+            data = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            data = None
+        return data if isinstance(data, dict) else {}
+
+    def pin(self, session: EngineSession) -> str:
+        """Pin `session` (or keep its pin) now, before its turn is sent: the
+        URL its next request goes to unless that worker fails first."""
+        return self._pin(session).url
+
     def adopt(self, session: EngineSession) -> None:
         """Count a session restored with its pin (journal replay)."""
         worker = self.workers.get(session.worker) if session.worker else None
@@ -345,7 +360,17 @@ class WorkerPool:
         (best effort: what is left stays referenced until the worker evicts it)."""
         if not self._options.sends_session_hints:
             return
-        pinned = [(s.worker, s.id) for s in sessions if s.worker is not None]
+        await self.close_worker_sessions([(s.worker, s.id) for s in sessions if s.worker])
+
+    def close_worker_session(self, url: str, remote_id: str) -> None:
+        """Close the worker-side session `remote_id` on `url` (in the
+        background, best effort: a dead worker must not delay a turn)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._close_remote_session, url, remote_id)
+
+    async def close_worker_sessions(self, pinned: list[tuple[str, str]]) -> None:
+        """Close these (worker URL, worker-side session id) pairs now,
+        concurrently and within the health timeout (shutdown)."""
         if not pinned:
             return
         with trio.move_on_after(self._options.health_timeout_s) as scope:

@@ -20,10 +20,12 @@ from werkzeug.datastructures import Headers
 
 from ..config import Settings
 from ..engines.base import Engine
+from ..engines.kv_sessions import KvMode
 from ..engines.pool import WorkerPool
 from ..engines.served_model import ServedModel
 from ..engines.sglang_chat.engine import SGLangChatEngine
 from ..engines.sglang_generate import SGLangGenerateEngine
+from ..engines.sglang_generate.delta import RemoteSessions
 from ..engines.sglang_generate.request import GenerateOptions, model_options
 from ..errors import NoHealthyWorker, UpstreamError
 from ..prompt.check import Outcome, check_template, in_place_roles, startup_problems
@@ -99,6 +101,9 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
             model,
             GenerateOptions(settings.parsers),
             session_hints=settings.sends_session_hints,
+            delta=RemoteSessions() if settings.kv_sessions == KvMode.DELTA.value else None,
+            # A worker reaps an idle session after this; a later turn rebuilds it.
+            remote_timeout_s=settings.session_ttl_s,
         )
     else:
         engine = SGLangChatEngine(
@@ -153,7 +158,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
 
     @app.after_serving
     async def shutdown() -> None:
-        await ctx.pool.close_remote_sessions(ctx.registry)
+        await ctx.engine.close_worker_sessions(ctx.registry)
         await ctx.pool.aclose()
         await ctx.store.aclose()
 

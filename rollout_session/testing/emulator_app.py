@@ -92,6 +92,7 @@ def create_emulator_app(
                 "enable_session_radix_cache": config.enable_session_radix_cache,
                 "disable_radix_cache": config.cache_capacity_tokens == 0,
                 "weight_version": config.weight_version,
+                "dp_size": 1,
                 "version": SGLANG_VERSION,
             }
         )

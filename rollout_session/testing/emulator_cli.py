@@ -20,13 +20,37 @@ from rollout_session.testing.emulator_config import EmulatorConfig
 from rollout_session.testing.faults import FAULTS
 from rollout_session.testing.tokenizer import BUILTIN_TEMPLATES
 
-__all__ = ["add_arguments", "config_from_args", "run"]
+__all__ = ["ENGINES", "add_arguments", "config_from_args", "run"]
+
+# The engines the emulator speaks (`--engine`). SGLang serves every route at
+# once (its chat route, /generate, the parse and session routes), so the flag
+# names the engine only; a vLLM emulator is not built yet.
+ENGINES = ("sglang",)
+
+
+def _engine(value: str) -> str:
+    if value == "vllm":
+        raise argparse.ArgumentTypeError(
+            "engine 'vllm' is not available yet: the emulator speaks SGLang only"
+        )
+    if value not in ENGINES:
+        raise argparse.ArgumentTypeError(f"engine must be one of: {', '.join(ENGINES)}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the emulator's flags to ``parser``."""
     d: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(EmulatorConfig) if f.init}
     add = parser.add_argument
+    add(
+        "--engine",
+        type=_engine,
+        default=ENGINES[0],
+        metavar="{sglang}",
+        help="the inference engine spoken: sglang (default; every SGLang route at once: "
+        "/v1/chat/completions, /generate, the parse and session routes); vllm is not "
+        "available yet",
+    )
     add("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     add("--port", type=int, default=30000, help="port to bind, 0 = any free (default: %(default)s)")
     add("--tokenizer", type=Path, help="HF tokenizer directory (default: the bundled test one)")

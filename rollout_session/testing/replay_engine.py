@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -176,6 +176,9 @@ class ReplayEngine:
 
     def release(self, session: EngineSession) -> None:
         session.worker = None
+
+    async def close_worker_sessions(self, sessions: Iterable[EngineSession]) -> None:
+        """Nothing is held on a replayed worker."""
 
 
 def _chat_completion(replay: Replay, prompt_tokens: int) -> bytes:

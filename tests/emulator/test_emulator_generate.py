@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import importlib.util
 import json
-import os
 import types
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,6 +37,7 @@ from tests.emulator.test_emulator import (
     render,
     sampled,
 )
+from tests.sglang_source import load_api_types, or_skip
 
 
 @pytest.fixture(scope="module")
@@ -521,30 +519,9 @@ async def test_what_the_emulator_cannot_answer_is_refused(
     assert native_error(response)
 
 
-def _sglang_api_types() -> types.ModuleType:
-    """SGLang's generated /generate decoder, loaded from its file (its package
-    imports the GPU stack; this module needs only msgspec)."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("sglang is not installed (pip install --no-deps sglang)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "api" / "v1" / "api_types.py"
-    loaded = importlib.util.spec_from_file_location("_sglang_api_types", path)
-    if loaded is None or loaded.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def sglang_api_types() -> types.ModuleType:
-    try:
-        return _sglang_api_types()
-    except Exception as exc:
-        reason = f"cannot load SGLang's api_types: {type(exc).__name__}: {exc}"
-        if os.environ.get("ROLLOUT_SESSION_REQUIRE_SGLANG"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+    return or_skip(load_api_types)
 
 
 _VALUES: list[Any] = [

@@ -75,8 +75,11 @@ def episodes() -> Iterator[list[Episode]]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not _EPISODES:
-        return
-    terminalreporter.section("model calls vs exported segments")
-    for episode in _EPISODES:
-        terminalreporter.write_line(episode.line())
+    if _EPISODES:
+        terminalreporter.section("model calls vs exported segments")
+        for episode in _EPISODES:
+            terminalreporter.write_line(episode.line())
+    if harness.PARITY:
+        terminalreporter.section("the same across engines")
+        for line in harness.PARITY:
+            terminalreporter.write_line(line)

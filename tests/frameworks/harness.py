@@ -11,6 +11,11 @@ sampled token ids and logprobs SGLang's `meta_info` carries
 (`output_token_logprobs`), so the check compares ids, not just counts; a
 Responses or Messages answer, or a streamed one, carries no ids, so its
 turn is checked by its token count and its text.
+
+`demo_servers` starts one server per engine (`ENGINES`), and
+`check_same_across_engines` compares one episode run against each: the
+engines are interchangeable only if the agent reads the same answers and the
+trainer gets the same tokens.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,13 +39,16 @@ from typing import Any, Protocol
 import httpx
 
 __all__ = [
+    "ENGINES",
     "DemoServer",
     "Episode",
     "ModelCall",
     "Recorder",
     "check_episode",
+    "check_same_across_engines",
     "close_thread_loop",
     "demo_server",
+    "demo_servers",
     "dump",
 ]
 
@@ -48,6 +56,9 @@ _LISTENING = re.compile(r"rollout-session listening on (http://\S+)")
 # Start-up loads the tokenizer and checks the template: seconds, not minutes.
 _START_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 30.0
+# `serve --engine`: the demo's emulator workers speak every SGLang route, so
+# the same episode runs under each (the demo names sglang-generate's parsers).
+ENGINES = ("sglang-chat", "sglang-generate")
 
 
 def _serve_command() -> list[str]:
@@ -89,8 +100,9 @@ class DemoServer:
 
 
 @contextmanager
-def demo_server(*flags: str) -> Iterator[DemoServer]:
-    """`rollout-session serve --demo --port 0 FLAGS…` until the block ends."""
+def _started(flags: tuple[str, ...]) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """`rollout-session serve --demo --port 0 FLAGS…` started (not yet
+    listening) and its log, until the block ends."""
     with tempfile.TemporaryDirectory(prefix="rollout-frameworks-") as tmp:
         log_path = Path(tmp) / "serve.log"
         with log_path.open("wb") as log:
@@ -103,10 +115,31 @@ def demo_server(*flags: str) -> Iterator[DemoServer]:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
             try:
-                url = _wait_listening(process, log_path)
-                yield DemoServer(url, log_path)
+                yield process, log_path
             finally:
                 _stop(process)
+
+
+@contextmanager
+def demo_server(*flags: str) -> Iterator[DemoServer]:
+    """`rollout-session serve --demo --port 0 FLAGS…` until the block ends."""
+    with _started(flags) as (process, log_path):
+        yield DemoServer(_wait_listening(process, log_path), log_path)
+
+
+@contextmanager
+def demo_servers(*flags: str) -> Iterator[dict[str, DemoServer]]:
+    """`demo_server(--engine E, FLAGS…)` for each of `ENGINES`, by engine,
+    started side by side (a start-up is most of a server's cost here)."""
+    with ExitStack() as stack:
+        started = {
+            engine: stack.enter_context(_started(("--engine", engine, *flags)))
+            for engine in ENGINES
+        }
+        yield {
+            engine: DemoServer(_wait_listening(process, log_path), log_path)
+            for engine, (process, log_path) in started.items()
+        }
 
 
 def close_thread_loop() -> None:
@@ -219,6 +252,28 @@ class ModelCall:
             return "".join(p.get("text", "") for p in parts)
         blocks = self.response["content"]
         return "".join(b["text"] for b in blocks if b["type"] == "text")
+
+    @property
+    def answer(self) -> dict[str, Any]:
+        """What the agent reads of a chat answer, less what is new on every
+        call whatever the engine (ids, times; tool-call ids are random on
+        SGLang's chat route, `serving_chat._process_tool_call_id`)."""
+        assert self.protocol == "chat" and self.response is not None
+        choice = self.response["choices"][0]
+        message = choice["message"]
+        calls = [
+            (c["type"], c["function"]["name"], c["function"]["arguments"])
+            for c in message.get("tool_calls") or []
+        ]
+        usage = self.response["usage"]
+        return {
+            "status": self.status,
+            "finish_reason": choice["finish_reason"],
+            "content": message.get("content"),
+            "reasoning_content": message.get("reasoning_content"),
+            "tool_calls": calls,
+            "usage": (usage["prompt_tokens"], usage["completion_tokens"]),
+        }
 
     @property
     def empty_answer(self) -> bool:
@@ -389,6 +444,9 @@ class Episode:
         )
 
 
+# What each check_same_across_engines compared, for the report.
+PARITY: list[str] = []
+
 # Set by conftest from --frameworks-dump: where each episode's calls and
 # export are written (to read what a framework did).
 DUMP_DIR: list[Path] = []
@@ -480,3 +538,68 @@ def check_episode(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -
         reasons=reasons,
         rollbacks=Counter(r["reason"] for r in doc["rollbacks"]),
     )
+
+
+def _trajectory(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a trainer takes of an export, segment by segment."""
+    keep = ("token_ids", "logprobs", "loss_mask", "branch")
+    return [{k: segment[k] for k in keep} for segment in doc["segments"]]
+
+
+def _same_prompts(calls: list[ModelCall]) -> int:
+    """How many calls, from the first, have prompts whose text carries no
+    tool-call id of an earlier answer. Tool-call ids are random on SGLang's
+    chat route and on sglang-generate (`serving_chat._process_tool_call_id`;
+    the emulator's chat route seeds them), so a prompt that quotes one (a
+    framework that writes the calls into its text, a summary of the history)
+    differs across engines, and the model samples another answer for it. The
+    templates the demo runs (chatml, qwen3) render no id themselves."""
+    ids: set[str] = set()
+    for i, call in enumerate(calls):
+        text = json.dumps([m.get("content") for m in call.messages])
+        if any(known in text for known in ids):
+            return i
+        if call.response is not None and call.status == 200:
+            for tool_call in call.response["choices"][0]["message"].get("tool_calls") or []:
+                ids.add(tool_call["id"])
+    return len(calls)
+
+
+def check_same_across_engines(
+    framework: str, runs: Mapping[str, tuple[list[ModelCall], dict[str, Any]]]
+) -> int:
+    """One episode run under each engine (`runs`: engine → its chat calls
+    and export): every call got the same answer, as the agent reads it
+    (`ModelCall.answer`), and the exports hold the same segments (token ids,
+    logprobs, loss mask, why each began) and rollbacks. When a prompt quotes
+    a random tool-call id (`_same_prompts`), the runs can part from that
+    call on: only the calls before it are compared, and not the exports.
+    Returns how many calls were compared."""
+    (first, (calls, doc)), *others = runs.items()
+    same = _same_prompts(calls)
+    for engine, (other_calls, other_doc) in others:
+        where = f"{framework}: {engine} vs {first}"
+        assert len(other_calls) == len(calls) or same < len(calls), f"{where}: number of calls"
+        assert len(other_calls) >= same, f"{where}: {len(other_calls)} calls, not {same}"
+        for i, (one, other) in enumerate(zip(calls[:same], other_calls[:same], strict=True)):
+            assert other.answer == one.answer, f"{where}: call {i} answered differently"
+        if same < len(calls):
+            PARITY.append(
+                f"{where}: the first {same} of {len(calls)} calls "
+                "(the next prompt quotes a tool-call id)"
+            )
+            continue
+        segments, other_segments = _trajectory(doc), _trajectory(other_doc)
+        assert len(other_segments) == len(segments), f"{where}: number of segments"
+        for i, (one_segment, other_segment) in enumerate(
+            zip(segments, other_segments, strict=True)
+        ):
+            for key, value in one_segment.items():
+                assert other_segment[key] == value, f"{where}: segment {i} {key} differs"
+        rollbacks = [{k: v for k, v in r.items() if k != "created_at"} for r in doc["rollbacks"]]
+        other_rollbacks = [
+            {k: v for k, v in r.items() if k != "created_at"} for r in other_doc["rollbacks"]
+        ]
+        assert other_rollbacks == rollbacks, f"{where}: rollbacks differ"
+        PARITY.append(f"{where}: all {len(calls)} calls and the export")
+    return same

@@ -1,10 +1,12 @@
-"""The check itself (harness.check_episode), with the official SDK sending
-the requests the frameworks send: a retry is accounted as the server
-replaces it, and a server that loses sampled tokens fails the check.
+"""The checks themselves (harness.check_episode, check_same_across_engines),
+with the official SDK sending the requests the frameworks send: a retry is
+accounted as the server replaces it, a server that loses sampled tokens
+fails the check, and so does an engine that samples or parses otherwise.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +15,16 @@ import httpx2
 import openai
 import pytest
 
-from tests.frameworks.harness import DemoServer, ModelCall, Recorder, check_episode, demo_server
+from tests.frameworks.harness import (
+    ENGINES,
+    DemoServer,
+    ModelCall,
+    Recorder,
+    check_episode,
+    check_same_across_engines,
+    demo_server,
+    demo_servers,
+)
 
 MODEL = "rollout-session/emulator"
 TOOLS: list[Any] = [
@@ -29,9 +40,14 @@ TOOLS: list[Any] = [
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[DemoServer]:
-    with demo_server() as running:
+def servers() -> Iterator[dict[str, DemoServer]]:
+    with demo_servers() as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def server(servers: dict[str, DemoServer]) -> DemoServer:
+    return servers[ENGINES[0]]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +94,23 @@ def test_a_lost_answer_fails_the_check(rollback_server: DemoServer) -> None:
     calls, doc = _episode(rollback_server, dropped_answer=True)
     with pytest.raises(AssertionError, match="turns exported"):
         check_episode("openai", calls, doc)
+
+
+def test_the_engines_are_compared(servers: dict[str, DemoServer]) -> None:
+    """The same episode under each engine: the same answers and export; a
+    logprob or a tool call that differs fails the comparison."""
+    runs = {engine: _episode(server, dropped_answer=False) for engine, server in servers.items()}
+    assert check_same_across_engines("openai", runs) == 4
+    chat, generate = (runs[engine] for engine in ENGINES)
+    doc = copy.deepcopy(generate[1])
+    doc["segments"][0]["logprobs"][-1] -= 0.5
+    with pytest.raises(AssertionError, match="segment 0 logprobs differs"):
+        check_same_across_engines("openai", {"a": chat, "b": (generate[0], doc)})
+    calls = copy.deepcopy(generate[0])
+    assert calls[0].response is not None
+    calls[0].response["choices"][0]["message"]["tool_calls"][0]["function"]["name"] = "other"
+    with pytest.raises(AssertionError, match="call 0 answered differently"):
+        check_same_across_engines("openai", {"a": chat, "b": (calls, generate[1])})
 
 
 def _streamed_turns(base_url: str, protocol: str) -> None:

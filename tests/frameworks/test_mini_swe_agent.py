@@ -10,6 +10,9 @@ the episode ends.
 
 The model's commands are never run: the environment below answers every
 command with a canned observation and submits after a few of them.
+
+Each episode runs under both engines (`--engine sglang-chat` and
+`sglang-generate`): the same answers and the same trajectory.
 """
 
 from __future__ import annotations
@@ -29,17 +32,19 @@ from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 from tests.frameworks.harness import (
     DemoServer,
     Episode,
+    ModelCall,
     Recorder,
     check_episode,
+    check_same_across_engines,
     close_thread_loop,
-    demo_server,
+    demo_servers,
     dump,
 )
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[DemoServer]:
-    with demo_server("--demo-reasoning", "--chat-template", "qwen3") as running:
+def servers() -> Iterator[dict[str, DemoServer]]:
+    with demo_servers("--demo-reasoning", "--chat-template", "qwen3") as running:
         yield running
 
 
@@ -95,20 +100,15 @@ EPISODES: list[tuple[type[Any], str, int]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("model_class", "config", "submit_after"),
-    EPISODES,
-    ids=["toolcall-short", "toolcall-long", "textbased"],
-)
-def test_every_sampled_token_is_exported(
+def _checked_episode(
     server: DemoServer,
     recorder: Recorder,
-    episodes: list[Episode],
+    engine: str,
     model_class: type[Any],
     config: str,
     submit_after: int,
-) -> None:
-    session_id, base_url = server.create_session({"framework": "mini-swe-agent"})
+) -> tuple[list[ModelCall], dict[str, Any], Episode]:
+    session_id, base_url = server.create_session({"framework": "mini-swe-agent", "engine": engine})
     # The packaged config, as `mini -c CONFIG` reads it: the agent's prompts
     # and the model's observation and format-error templates.
     spec: dict[str, Any] = get_config_from_spec(config)
@@ -130,11 +130,35 @@ def test_every_sampled_token_is_exported(
     result = agent.run("The function in x.py returns the wrong value.")
     doc = server.close_session(session_id)
     calls = recorder.take()
-    dump("mini-swe-agent", calls, doc)
+    dump(f"mini-swe-agent-{engine}", calls, doc)
     assert all(c.status == 200 for c in calls), [c.response for c in calls if c.status != 200]
-    episode = check_episode("mini-swe-agent", calls, doc)
-    episodes.append(episode)
+    episode = check_episode(f"mini-swe-agent ({engine})", calls, doc)
     assert result["exit_status"] in ("Submitted", "RepeatedFormatError"), result
     # Every call that came back without a usable action was dropped from the
     # history: each such answer is the last turn of a segment.
     assert episode.reasons["answer_dropped"] >= 1, server.log_tail()
+    return calls, doc, episode
+
+
+@pytest.mark.parametrize(
+    ("model_class", "config", "submit_after"),
+    EPISODES,
+    ids=["toolcall-short", "toolcall-long", "textbased"],
+)
+def test_every_sampled_token_is_exported(
+    servers: dict[str, DemoServer],
+    recorder: Recorder,
+    episodes: list[Episode],
+    model_class: type[Any],
+    config: str,
+    submit_after: int,
+) -> None:
+    runs: dict[str, tuple[list[ModelCall], dict[str, Any]]] = {}
+    for engine, server in servers.items():
+        calls, doc, episode = _checked_episode(
+            server, recorder, engine, model_class, config, submit_after
+        )
+        episodes.append(episode)
+        runs[engine] = calls, doc
+    label = f"mini-swe-agent ({model_class.__name__}, {submit_after} commands)"
+    assert check_same_across_engines(label, runs) >= 1

@@ -8,6 +8,13 @@ the model's answer at the first assistant message: each call starts a new
 segment (`answer_dropped`). A planning step (`planning_interval`) and the
 final answer after `max_steps` are asked with other system prompts and no
 tools. A second `run(..., reset=False)` continues the same memory.
+
+Under `--engine sglang-chat` only: ToolCallingAgent always asks with
+`tool_choice: "required"`, which SGLang's chat route constrains with the
+tool-call parser's structural tag (qwen25's: xgrammar), and sglang-generate
+refuses such a request rather than sample it unconstrained
+(docs/engines.md). Its prompts also quote the random tool-call ids of
+earlier answers, so runs under two engines would part after the first call.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def test_flags_and_environment() -> None:
 
 
 def test_kv_sessions_stream_is_refused_with_the_reason() -> None:
-    with pytest.raises(ValueError, match="ignores session_params"):
+    with pytest.raises(ValueError, match="outside the evictable cache"):
         Settings(workers=("http://w",), kv_sessions="stream")
 
 

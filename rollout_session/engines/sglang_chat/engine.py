@@ -12,6 +12,7 @@ engine cannot do: it refuses a continuation (`CannotContinue`).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -143,3 +144,6 @@ class SGLangChatEngine:
 
     def release(self, session: EngineSession) -> None:
         self.pool.release_session(session)
+
+    async def close_worker_sessions(self, sessions: Iterable[EngineSession]) -> None:
+        await self.pool.close_remote_sessions(sessions)

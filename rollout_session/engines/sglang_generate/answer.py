@@ -49,6 +49,7 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
             ("cached_tokens", int | None, None),
             ("reasoning_tokens", int | None, None),
             ("weight_version", str | None, None),
+            ("weight_versions", list[dict[str, Any]] | None, None),
             ("routed_experts", str | None, None),
         ],
     )
@@ -63,6 +64,15 @@ def _decoder(vocab_size: int) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(_structs(vocab_size))
 
 
+class _RawMeta(msgspec.Struct):
+    meta_info: msgspec.Raw
+
+
+# The worker's meta_info as it sent it, for the agent's answer (the chat
+# route passes it through whole): kept as JSON text, never rebuilt.
+_RAW_META = msgspec.json.Decoder(_RawMeta)
+
+
 @dataclass(slots=True, frozen=True)
 class GenerateAnswer:
     ids: IdArray
@@ -75,6 +85,8 @@ class GenerateAnswer:
     reasoning_tokens: int | None
     weight_version: str | None
     experts: tuple[bytes, int] | None
+    weight_versions: list[dict[str, Any]] | None = None  # SGLang's version spans, if sent
+    meta_json: bytes = b"{}"  # meta_info, as the worker serialised it
 
 
 def check_generate_answer(body: bytes, check: AnswerCheck) -> GenerateAnswer:
@@ -123,5 +135,7 @@ def check_generate_answer(body: bytes, check: AnswerCheck) -> GenerateAnswer:
         cached_tokens=meta.cached_tokens,
         reasoning_tokens=meta.reasoning_tokens,
         weight_version=meta.weight_version,
+        weight_versions=meta.weight_versions,
         experts=experts,
+        meta_json=bytes(_RAW_META.decode(body).meta_info),
     )

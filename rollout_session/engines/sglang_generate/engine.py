@@ -10,6 +10,7 @@ have written (`reply`). Continuing a partial completion is not offered yet.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -28,16 +29,22 @@ from ..base import (
 from ..pool import WorkerPool
 from ..served_model import ServedModel
 from ..sglang_chat.answer import AnswerCheck
+from ..upstream import UpstreamReply
 from .answer import GenerateAnswer, check_generate_answer
+from .delta import Plan, Rebuild, RemoteSessions, dp_rank, lost_session
 from .parsers import Parsers
 from .reply import ParsedAnswer, chat_completion, error_reply, parse_json_array, tool_call_id
-from .request import GenerateOptions, Untranslatable, generate_body
+from .request import GenerateOptions, Untranslatable, generate_body, sampling_params
 
 __all__ = ["SGLangGenerateEngine"]
 
 GENERATE_PATH = "/generate"
 _SEPARATE_REASONING = "/separate_reasoning"
 _PARSE_FUNCTION_CALL = "/parse_function_call"
+_OPEN_SESSION = "/open_session"
+# OpenSessionReqInput.capacity_of_str_len is required; SGLang 0.5.23 stores it
+# and never enforces it (session_controller.Session).
+_CAPACITY = 1 << 20
 
 
 @dataclass(slots=True)
@@ -47,6 +54,11 @@ class SGLangGenerateEngine:
     model: ServedModel
     options: GenerateOptions = field(default_factory=lambda: GenerateOptions(Parsers()))
     session_hints: bool = False
+    # --kv-sessions delta: worker-side sessions, each turn sends its new ids.
+    delta: RemoteSessions | None = None
+    # How long a worker keeps an idle worker-side session (its reaper); None: forever.
+    remote_timeout_s: float | None = None
+    _dp_sizes: dict[str, int] = field(default_factory=dict, init=False)
 
     can_continue: ClassVar[bool] = False
 
@@ -58,18 +70,24 @@ class SGLangGenerateEngine:
         parsers = self.options.parsers
         forced = parsers.forces_reasoning(request.template_kwargs)
         rid = uuid.uuid4().hex
+        plan: Plan | None = None
         try:
-            payload = generate_body(
-                request,
-                self.options,
-                rid=rid,
-                require_reasoning=forced,
-                session_hint=session.id if self.session_hints else None,
-            )
+            sampling = sampling_params(request, self.options)
         except Untranslatable as exc:
             return Refusal(error_reply(400, str(exc)), session.worker or "")
-        reply = await self.pool.chat(session, payload, GENERATE_PATH)
+        if self.delta is not None:
+            plan = await self._plan(session, request)
+        reply = await self._generate(session, request, sampling, rid, forced, plan)
+        if reply.status == 400 and plan is not None and self.delta is not None:
+            message = _message(reply.body)
+            if plan.rebuild is None and lost_session(message):
+                # The worker lost the session (restart, its reaper): prime a
+                # fresh one with the whole prompt, once.
+                plan = await self._plan(session, request, Rebuild.LOST)
+                reply = await self._generate(session, request, sampling, rid, forced, plan)
         if reply.status != 200:
+            if plan is not None:
+                self._drop(session)
             # The worker's own refusal, in the chat route's error shape.
             return Refusal(error_reply(reply.status, _message(reply.body)), reply.worker)
         check = AnswerCheck(
@@ -83,13 +101,18 @@ class SGLangGenerateEngine:
                 check_generate_answer, reply.body, check, len(reply.body)
             )
         except UpstreamMalformed as exc:
+            if plan is not None:
+                # E.g. prompt_tokens not the trajectory's: the worker's context
+                # cannot be trusted; the next turn rebuilds it.
+                self._drop(session)
             self.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
             raise
         self.pool.report_success(reply.worker)
+        if plan is not None and self.delta is not None:
+            self.delta.finished(session.id, reply.worker, plan, rid, request.input_ids, answer.ids)
         parsed = await self._parse(session, reply.worker, request, answer, forced)
         model = self.model.upstream_name(request.params.get("model")) or "default"
-        meta = orjson.loads(reply.body)["meta_info"]
-        body = chat_completion(rid, model, answer, parsed, meta)
+        body = chat_completion(rid, model, answer, parsed)
         return Completion(
             ids=answer.ids,
             logprobs=answer.logprobs,
@@ -105,6 +128,76 @@ class SGLangGenerateEngine:
             latency_s=reply.latency_s,
             reply=AgentReply(200, [(b"content-type", b"application/json")], body),
         )
+
+    async def _plan(
+        self, session: EngineSession, request: EngineRequest, rebuild: Rebuild | None = None
+    ) -> Plan:
+        """Pin the session, plan its request (a fresh worker session for
+        `rebuild`), and open the worker session a plan primes, closing the
+        one it replaces."""
+        assert self.delta is not None
+        url = self.pool.pin(session)
+        if rebuild is None:
+            plan = self.delta.plan(session.id, url, request.input_ids)
+        else:
+            plan = self.delta.rebuild(session.id, request.input_ids, rebuild)
+        if plan.rebuild is None:
+            return plan
+        old = self.delta.drop(session.id)
+        if old is not None:
+            self.pool.close_worker_session(old.worker, old.remote_id)
+        body = {"capacity_of_str_len": _CAPACITY, "session_id": plan.remote_id}
+        if self.remote_timeout_s is not None:
+            body["timeout"] = self.remote_timeout_s
+        reply = await self.pool.follow_up(url, session, _OPEN_SESSION, orjson.dumps(body))
+        if reply.status != 200:
+            raise UpstreamError(
+                f"the worker's {_OPEN_SESSION} answered {reply.status}: {_message(reply.body)}"
+            )
+        return plan
+
+    async def _dp_size(self, url: str) -> int:
+        """The worker's data-parallel size (read once per worker)."""
+        size = self._dp_sizes.get(url)
+        if size is None:
+            value = (await self.pool.server_info(url)).get("dp_size", 1)
+            size = value if isinstance(value, int) and value >= 1 else 1
+            self._dp_sizes[url] = size
+        return size
+
+    async def _generate(
+        self,
+        session: EngineSession,
+        request: EngineRequest,
+        sampling: dict[str, Any],
+        rid: str,
+        forced: bool,
+        plan: Plan | None,
+    ) -> UpstreamReply:
+        rank = None
+        if plan is not None and session.worker is not None:
+            rank = dp_rank(session.id, await self._dp_size(session.worker))
+        payload = generate_body(
+            request,
+            self.options,
+            sampling=sampling,
+            rid=rid,
+            require_reasoning=forced,
+            session_hint=session.id if self.session_hints else None,
+            input_ids=None if plan is None else plan.input_ids,
+            session_params=None if plan is None else plan.session_params,
+            dp_rank=rank,
+            model=self.model.upstream_name(request.params.get("model")),
+            served_model=self.model.name,
+        )
+        return await self.pool.chat(session, payload, GENERATE_PATH)
+
+    def _drop(self, session: EngineSession) -> None:
+        if self.delta is None:
+            return
+        old = self.delta.drop(session.id)
+        if old is not None:
+            self.pool.close_worker_session(old.worker, old.remote_id)
 
     async def _parse(
         self,
@@ -185,6 +278,18 @@ class SGLangGenerateEngine:
 
     def release(self, session: EngineSession) -> None:
         self.pool.release_session(session)
+        if self.delta is not None:
+            old = self.delta.forget(session.id)
+            if old is not None:
+                self.pool.close_worker_session(old.worker, old.remote_id)
+
+    async def close_worker_sessions(self, sessions: Iterable[EngineSession]) -> None:
+        if self.delta is None:
+            await self.pool.close_remote_sessions(sessions)
+            return
+        await self.pool.close_worker_sessions(
+            [(held.worker, held.remote_id) for held in self.delta.held()]
+        )
 
 
 def _message(body: bytes) -> str:

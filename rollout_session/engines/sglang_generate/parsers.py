@@ -62,8 +62,24 @@ _JSON_SCHEMA_TOOLS: Final = frozenset(
         "gigachat35",
         "poolside_v1",
         "minicpm5",
+        "lfm2",
     }
 )
+# Tool-call parsers under which the chat route constrains every tool turn,
+# `auto` included, in a way /generate cannot be sent: glm47's full-assistant
+# EBNF (serving_chat._process_messages; `ebnf_full_assistant` is refused by
+# /generate's contract gate), inkling's auto structural tag
+# (InklingDetector.get_auto_tool_call_structural_tag), and the response
+# templates (beam, response_template: configure_response_template_request,
+# _set_response_parser_context, the turn grammar).
+_REFUSED_TOOL_PARSERS: Final[Mapping[str, str]] = {
+    "kimi_k3": "adds a stop string and renders its own prompts",
+    "glm47": "constrains every tool turn with a full-assistant EBNF that /generate refuses",
+    "inkling": "constrains tool_choice 'auto' with a structural tag",
+    "beam": "is a response template (its own detokenization, grammar and parse context)",
+    "response_template": "is a response template (its own detokenization, grammar and "
+    "parse context)",
+}
 # Chat-route tool-call ids other than call_<24 hex> (serving_chat._process_tool_call_id).
 _KIMI_IDS: Final = frozenset({"kimi_k2"})
 
@@ -83,10 +99,11 @@ class Parsers:
                 "text prefixed with the think-start token as the chat route's forced parse; "
                 "use --engine sglang-chat (docs/engines.md#parsing)"
             )
-        if self.tool_call == "kimi_k3":
+        refused = _REFUSED_TOOL_PARSERS.get(self.tool_call or "")
+        if refused is not None:
             raise ValueError(
-                "tool-call parser 'kimi_k3' adds a stop string and renders its own prompts "
-                "on SGLang's chat route; use --engine sglang-chat"
+                f"tool-call parser {self.tool_call!r} {refused} on SGLang's chat route; "
+                "use --engine sglang-chat"
             )
 
     @property

@@ -53,15 +53,22 @@ def tool_call_id(parsers: Parsers, call: dict[str, Any], history: int) -> str:
 def parse_json_array(text: str, finish: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """A forced tool_choice's JSON-array answer (serving_chat._process_tool_calls):
     (content, calls); on a parse failure the text stays the content. `finish`
-    is left for the caller to rewrite when calls were found."""
+    is updated in place as SGLang does: a stop becomes ``tool_calls`` with
+    ``matched`` null before parsing, and only the type is restored on a
+    failure (``matched`` stays null)."""
+    original = finish["type"]
+    if original == "stop":
+        finish["type"], finish["matched"] = "tool_calls", None
     try:
         data = orjson.loads(text)
     except orjson.JSONDecodeError:
+        finish["type"] = original
         return text, []
     items = [data] if isinstance(data, dict) else data
     if not isinstance(items, list) or not all(
         isinstance(i, dict) and isinstance(i.get("name"), str) for i in items
     ):
+        finish["type"] = original
         return text, []
     calls = [
         {
@@ -89,9 +96,7 @@ def _logprobs(answer: GenerateAnswer) -> dict[str, Any]:
     return {"content": content}
 
 
-def chat_completion(
-    rid: str, model: str, answer: GenerateAnswer, parsed: ParsedAnswer, meta: dict[str, Any]
-) -> bytes:
+def chat_completion(rid: str, model: str, answer: GenerateAnswer, parsed: ParsedAnswer) -> bytes:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": parsed.content,
@@ -111,8 +116,8 @@ def chat_completion(
     if answer.reasoning_tokens:
         usage["completion_tokens_details"] = {"reasoning_tokens": answer.reasoning_tokens}
     metadata: dict[str, Any] = {"weight_version": answer.weight_version}
-    if "weight_versions" in meta:
-        metadata["weight_versions"] = meta["weight_versions"]
+    if answer.weight_versions is not None:
+        metadata["weight_versions"] = answer.weight_versions
     return orjson.dumps(
         {
             "id": rid,
@@ -126,7 +131,7 @@ def chat_completion(
                     "logprobs": _logprobs(answer),
                     "finish_reason": parsed.finish["type"],
                     "matched_stop": parsed.finish.get("matched"),
-                    "meta_info": meta,
+                    "meta_info": orjson.Fragment(answer.meta_json),
                 }
             ],
             "usage": usage,

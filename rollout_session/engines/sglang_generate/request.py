@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import orjson
 
+from ...tokens import IdArray
 from ..base import EngineRequest
 from .parsers import Parsers
 
@@ -33,6 +34,7 @@ __all__ = [
     "GenerateOptions",
     "Untranslatable",
     "generate_body",
+    "lora_adapter",
     "model_options",
     "read_sampling_defaults",
     "sampling_params",
@@ -56,6 +58,8 @@ _REFUSED: Final[Mapping[str, str]] = {
     "SGLang's /separate_reasoning",
     "reasoning_effort": "normalize_reasoning_inputs changes the reasoning parser's inputs, "
     "which SGLang's /separate_reasoning does not take",
+    "reasoning": "normalize_reasoning_inputs turns it into reasoning_effort and thinking "
+    "kwargs, which change the reasoning parser's inputs",
     "return_hidden_states": "hidden states are not part of a trajectory",
     "custom_logit_processor": "not forwarded by this engine",
 }
@@ -115,6 +119,8 @@ def _json_schema_constraint(
             "minItems": 1,
             "items": {"type": "object", "anyOf": [_tool_schema(f) for f in functions]},
         }
+        if not parallel:
+            schema["maxItems"] = 1
         defs: dict[str, Any] = {}
         for f in functions:
             for key, value in ((f.get("parameters") or {}).get("$defs") or {}).items():
@@ -123,6 +129,7 @@ def _json_schema_constraint(
                 defs[key] = value
         if defs:
             schema["$defs"] = defs
+        return schema
     if not parallel:
         schema["maxItems"] = 1
     return schema
@@ -132,6 +139,14 @@ def _tool_constraint(params: Mapping[str, Any], parsers: Parsers) -> tuple[str, 
     """The constraint the chat route samples `tool_choice` under, serialised."""
     tools = params.get("tools") or []
     choice = params.get("tool_choice", "auto" if tools else "none")
+    if choice == "required" and not tools:  # serving_chat._validate_request
+        raise Untranslatable("Tools cannot be empty if tool choice is set to required.")
+    if isinstance(choice, dict):
+        if not tools:
+            raise Untranslatable("Tools cannot be empty if tool choice is set to a specific tool.")
+        name = (choice.get("function") or {}).get("name")
+        if not any((t.get("function") or {}).get("name") == name for t in tools):
+            raise Untranslatable(f"Tool '{name}' not found in tools list.")
     if not tools or choice == "none":
         return None
     forced = choice == "required" or isinstance(choice, dict)
@@ -187,7 +202,7 @@ def sampling_params(request: EngineRequest, options: GenerateOptions) -> dict[st
     max_new = params.get("max_completion_tokens") or params.get("max_tokens")
     if max_new is None:
         max_new = request.max_tokens  # the session cap's remainder; None: no limit
-    kwargs = params.get("chat_template_kwargs") or {}
+    kwargs = request.template_kwargs  # what sglang-chat sends as chat_template_kwargs
     tools = params.get("tools") or []
     choice = params.get("tool_choice", "auto" if tools else "none")
     skip_special = params.get("skip_special_tokens", True)
@@ -211,7 +226,7 @@ def sampling_params(request: EngineRequest, options: GenerateOptions) -> dict[st
         "regex": params.get("regex"),
         "ebnf": params.get("ebnf"),
         "n": 1,
-        "no_stop_trim": params.get("no_stop_trim", False),
+        "no_stop_trim": False,  # the server owns it, as sglang-chat forces it
         "ignore_eos": params.get("ignore_eos", False),
         "skip_special_tokens": skip_special,
         "logit_bias": params.get("logit_bias"),
@@ -236,18 +251,41 @@ def sampling_params(request: EngineRequest, options: GenerateOptions) -> dict[st
     return out
 
 
+def lora_adapter(model: str | None, served: str | None, explicit: Any) -> Any:
+    """The LoRA adapter the chat route would use: the one a ``base:adapter``
+    model names, over an explicit ``lora_path`` (serving_base
+    ``_resolve_lora_path``, ``_parse_model_parameter``)."""
+    if not model or ":" not in model or model == served:
+        return explicit
+    if served and model.startswith(f"{served}:"):
+        adapter = model[len(served) + 1 :]
+    else:
+        adapter = model.split(":", 1)[1]
+    return adapter.strip() or explicit
+
+
 def generate_body(
     request: EngineRequest,
     options: GenerateOptions,
     *,
     rid: str,
     require_reasoning: bool,
-    session_hint: str | None,
+    sampling: Mapping[str, Any] | None = None,
+    session_hint: str | None = None,
+    input_ids: IdArray | None = None,
+    session_params: Mapping[str, Any] | None = None,
+    dp_rank: int | None = None,
+    model: str | None = None,
+    served_model: str | None = None,
 ) -> bytes:
-    """The ``/generate`` request for one turn (Untranslatable: refused)."""
+    """The ``/generate`` request for one turn (Untranslatable: refused).
+    `sampling` is `sampling_params`' result when the caller has it already;
+    delta-sync sends `input_ids` (the new ids only) and `session_params`;
+    `model` (the name the chat route would be sent) may name a LoRA adapter
+    of `served_model`."""
     body: dict[str, Any] = {
-        "input_ids": request.input_ids,
-        "sampling_params": sampling_params(request, options),
+        "input_ids": request.input_ids if input_ids is None else input_ids,
+        "sampling_params": sampling_params(request, options) if sampling is None else sampling,
         "rid": rid,
         "return_logprob": True,
         "logprob_start_len": -1,
@@ -264,7 +302,11 @@ def generate_body(
         body["routed_experts_start_len"] = request.experts_from
     if session_hint is not None:
         body["session_id"] = session_hint
-    lora = request.params.get("lora_path")
+    if session_params is not None:
+        body["session_params"] = session_params
+    if dp_rank is not None:
+        body["routed_dp_rank"] = dp_rank
+    lora = lora_adapter(model, served_model, request.params.get("lora_path"))
     if lora is not None:
         body["lora_path"] = lora
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,4 +1,5 @@
-"""The command line as a new user runs it: `serve --demo`, a refused template, `check-template`."""
+"""The command line as a new user runs it: `serve --demo` (under either
+engine), a refused template, `check-template`, `emulator --engine`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import trio
 
 from rollout_session.testing.processes import start_listening
 from tests import FIXTURES
-from tests.conftest import agent_turn
+from tests.conftest import TOOLS, agent_turn
 from tests.families import family_path
 
 
@@ -106,6 +107,116 @@ async def test_serve_demo_speaks_the_given_template_with_reasoning() -> None:
         process.send_signal(signal.SIGINT)
         with trio.fail_after(30):
             assert await process.wait() == 0
+
+
+def tool_turn(base_url: str) -> dict[str, Any]:
+    """One turn with a tool, as the official SDK takes it: the choice, with
+    the extra keys SGLang's answer carries (`meta_info`)."""
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    try:
+        answer = client.chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "Read the file."}],
+            tools=TOOLS,  # type: ignore[arg-type]
+        )
+        return answer.choices[0].model_dump()
+    finally:
+        client.close()
+
+
+async def test_serve_demo_under_sglang_generate_parses_a_tool_call() -> None:
+    """`--engine sglang-generate` works out of the box with `--demo`: the
+    demo names the parsers of its ChatML template (qwen25), the turn goes
+    through `/generate` and the worker's `/parse_function_call`, the agent
+    gets the tool call, and the sampled ids are in the trajectory under mask 1."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "rollout_session", "serve", "--demo", "--port", "0",
+               "--engine", "sglang-generate"]  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        url, process = await start_listening(nursery, command, env=env)
+        async with httpx.AsyncClient(base_url=url) as client:
+            created = (await client.post("/sessions")).json()
+            choice = await trio.to_thread.run_sync(tool_turn, url + created["base_url"])
+            doc = (await client.get(f"/sessions/{created['session_id']}/trajectory")).json()
+            worker = (await client.get(doc["turns"][0]["worker"] + "/emulator/stats")).json()
+        assert choice["finish_reason"] == "tool_calls"
+        [call] = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "read_file" and call["id"].startswith("call_")
+        sampled = choice["meta_info"]["output_token_logprobs"]
+        turn = doc["turns"][0]
+        start, end = turn["completion_start"], turn["completion_end"]
+        assert doc["token_ids"][start:end] == [entry[1] for entry in sampled]
+        assert doc["logprobs"][start:end] == [entry[0] for entry in sampled]
+        assert doc["loss_mask"][start:end] == [1] * len(sampled)
+        assert sum(doc["loss_mask"]) == len(sampled) and end == len(doc["token_ids"])
+        # The answer was parsed on the worker: the engine was sglang-generate.
+        assert worker["parse_calls"] == {"parse_function_call": 1}
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            assert await process.wait() == 0
+
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+async def test_emulator_speaks_sglang_on_every_route() -> None:
+    """`emulator --engine sglang` (the default) serves the chat route and
+    `/generate` at once."""
+    command = [sys.executable, "-m", "rollout_session", "emulator", "--port", "0",
+               "--engine", "sglang"]  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        url, process = await start_listening(nursery, command)
+        async with httpx.AsyncClient(base_url=url) as client:
+            # The emulator never renders messages: both routes take ids.
+            chat = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "any",
+                    "messages": HELLO,
+                    "input_ids": [1, 2, 3],
+                    "max_tokens": 4,
+                    "logprobs": True,
+                    "return_meta_info": True,
+                },
+            )
+            generate = await client.post(
+                "/generate",
+                json={
+                    "input_ids": [1, 2, 3],
+                    "sampling_params": {"max_new_tokens": 4},
+                    "return_logprob": True,
+                },
+            )
+        assert chat.status_code == 200, chat.text
+        assert generate.status_code == 200, generate.text
+        # One model behind both routes: the same ids and logprobs for one prompt.
+        on_chat = chat.json()["choices"][0]["meta_info"]["output_token_logprobs"]
+        on_generate = generate.json()["meta_info"]["output_token_logprobs"]
+        assert [e[:2] for e in on_chat] == [e[:2] for e in on_generate]
+        assert len(on_chat) == 4
+        process.send_signal(signal.SIGINT)
+        with trio.fail_after(30):
+            assert await process.wait() == 0
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [
+        ("vllm", "argument --engine: engine 'vllm' is not available yet: the emulator "
+         "speaks SGLang only"),
+        ("sglang-chat", "argument --engine: engine must be one of: sglang"),
+    ],
+    ids=["vllm", "unknown"],
+)  # fmt: skip
+async def test_emulator_refuses_an_engine_it_does_not_speak(engine: str, expected: str) -> None:
+    command = [sys.executable, "-m", "rollout_session", "emulator", "--port", "0",
+               "--engine", engine]  # fmt: skip
+    with trio.fail_after(60):
+        done = await trio.run_process(command, capture_stderr=True, check=False)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert expected in err
+    assert "Traceback" not in err
 
 
 # Neither the web stack nor transformers, the emulator nor pyarrow (each took

@@ -10,7 +10,7 @@ forwards (`ChatCompletionRequest`) and the SSE chunks it streams
 
 `sglang` is installed with ``pip install --no-deps sglang`` (its full
 dependency set is the GPU stack). Its package ``__init__`` imports torch, so
-`load_sglang_protocol` imports the protocol module without running it. The
+`tests/sglang_source.py` loads the protocol module without running it. The
 tests skip, with the reason, only when that import fails; with
 ``ROLLOUT_SESSION_REQUIRE_SGLANG=1`` (CI) they fail instead, so the check
 cannot silently vanish.
@@ -18,13 +18,7 @@ cannot silently vanish.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import sys
 import types
-import warnings
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -34,57 +28,12 @@ from pydantic import BaseModel
 from rollout_session.testing.emulator import EmulatorConfig
 from tests.conftest import TOOLS, StackFactory
 from tests.integration.protocols.test_streaming import parse_sse
-
-PROTOCOL = "sglang.srt.entrypoints.openai.protocol"
-_PACKAGES = ("sglang", "sglang.srt", "sglang.srt.entrypoints", "sglang.srt.entrypoints.openai")
-
-
-def load_sglang_protocol() -> types.ModuleType:
-    """Import SGLang's protocol module without running ``sglang/__init__.py``.
-
-    The parent packages are registered as empty modules whose ``__path__`` is
-    the installed package's directory, so the import system finds the
-    submodules but never executes the parents' ``__init__`` (torch, CUDA).
-    """
-    if PROTOCOL in sys.modules:
-        return sys.modules[PROTOCOL]
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("sglang is not installed (pip install --no-deps sglang)")
-    root = Path(next(iter(spec.submodule_search_locations)))
-    for name in _PACKAGES:
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
-            sys.modules[name] = package
-    # sglang.utils imports IPython's notebook display helpers at the top; the
-    # protocol models never use them. Stand in for IPython only while importing,
-    # and only when it is not installed.
-    stubs = {}
-    if importlib.util.find_spec("IPython") is None:
-        display = types.ModuleType("IPython.display")
-        display.HTML = display.display = None  # type: ignore[attr-defined]
-        stubs = {"IPython": types.ModuleType("IPython"), "IPython.display": display}
-    sys.modules.update(stubs)
-    try:
-        with warnings.catch_warnings():
-            # Third-party import-time deprecation noise is not ours to fix.
-            warnings.simplefilter("ignore")
-            return importlib.import_module(PROTOCOL)
-    finally:
-        for name in stubs:
-            sys.modules.pop(name, None)
+from tests.sglang_source import load_protocol, or_skip
 
 
 @pytest.fixture(scope="module")
 def sglang_protocol() -> types.ModuleType:
-    try:
-        return load_sglang_protocol()
-    except Exception as exc:
-        reason = f"cannot import SGLang's protocol models: {type(exc).__name__}: {exc}"
-        if os.environ.get("ROLLOUT_SESSION_REQUIRE_SGLANG"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+    return or_skip(load_protocol)
 
 
 def unknown_fields(model: BaseModel, data: dict[str, Any], path: str = "$") -> list[str]:
