@@ -366,6 +366,7 @@ async def measure(
         "wall s": wall,
         "foreign cores": usage["foreign_cores"],
         "paths": dict(whole["requests"]),
+        "KB by turn": [sum(t["body"].values()) / args.agents / 1024 for t in per_turn],
     }
 
 
@@ -478,7 +479,7 @@ async def main(args: argparse.Namespace) -> None:
     print(load_average())
     print(table(runs, _RUN_COLUMNS))
     print()
-    print("median (min–max) over repeats; 'last' = the last turn (turn", args.turns, "):")
+    print(f"median (min–max) over repeats; 'last': turn {args.turns}, the last turn")
     print(table(rows, ["config", *_SUMMARY]))
     print()
     for line in targets(runs):

@@ -93,6 +93,8 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         process_threshold_bytes=settings.process_threshold_bytes,
     )
     model = ServedModel(pool, settings.context_length, settings.upstream_model)
+    # --kv-sessions delta: the worker sessions of the sglang-generate engine.
+    remote = RemoteSessions() if settings.kv_sessions == KvMode.DELTA.value else None
     engine: Engine
     if settings.engine == "sglang-generate":
         engine = SGLangGenerateEngine(
@@ -101,7 +103,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
             model,
             GenerateOptions(settings.parsers),
             session_hints=settings.sends_session_hints,
-            delta=RemoteSessions() if settings.kv_sessions == KvMode.DELTA.value else None,
+            delta=remote,
             # A worker reaps an idle session after this; a later turn rebuilds it.
             remote_timeout_s=settings.session_ttl_s,
         )
@@ -118,7 +120,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         offload=offload,
         validator=validator,
         pause=PauseGate(settings.pause_wait_s),
-        metrics=Metrics(store, pool),
+        metrics=Metrics(store, pool, remote),
         model=model,
         expiry=Expiry(
             store,

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import functools
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,11 +18,10 @@ import trio
 import trio.testing
 from transformers import AutoTokenizer
 
-from rollout_session.testing.emulator import Emulator, EmulatorConfig
+from rollout_session.testing.emulator import EmulatorConfig
 from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.emulator_cli import add_arguments, config_from_args
 from rollout_session.testing.faults import FAULT_HEADER
-from rollout_session.testing.generation import TextModel
 from rollout_session.testing.prefix_cache import PrefixCache
 from rollout_session.testing.prompt_reader import ALL_TOOLS
 from rollout_session.testing.sglang_answer import routed_experts_blob
@@ -31,8 +29,7 @@ from rollout_session.testing.sglang_answer import routed_experts_blob
 # Aliased: pytest would collect a module-level name starting with "test_".
 from rollout_session.testing.tokenizer import builtin_template
 from rollout_session.testing.tokenizer import bundled_tokenizer_path as bundled_tokenizer_path
-
-Serve = Callable[..., Awaitable[tuple[httpx.AsyncClient, Emulator]]]
+from tests.emulator.conftest import Serve
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -63,32 +60,6 @@ TOOLS = [
 ]
 NOPE = {"type": "function", "function": {"name": "nope"}}
 FLAT_ERROR_KEYS = {"object", "message", "type", "param", "code"}
-
-
-@pytest.fixture(scope="session")
-def model() -> TextModel:
-    return TextModel(AutoTokenizer.from_pretrained(bundled_tokenizer_path()))
-
-
-@pytest.fixture
-def tokenizer(model: TextModel) -> Any:
-    return model.tokenizer
-
-
-@pytest.fixture
-async def serve(nursery: trio.Nursery, model: TextModel) -> AsyncIterator[Serve]:
-    """Start emulators (config overrides as keywords); each gets its own client."""
-    async with contextlib.AsyncExitStack() as stack:
-
-        async def start(**overrides: Any) -> tuple[httpx.AsyncClient, Emulator]:
-            config = EmulatorConfig(**overrides)
-            server, emulator = await start_emulator(nursery, config, model=model)
-            stack.push_async_callback(server.aclose)
-            client = httpx.AsyncClient(base_url=server.url, timeout=10.0)
-            await stack.enter_async_context(client)
-            return client, emulator
-
-        yield start
 
 
 def _as_session_server_sends(body: dict[str, Any]) -> dict[str, Any]:

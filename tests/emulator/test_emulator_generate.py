@@ -8,64 +8,29 @@ any other (docs/emulator.md)."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import types
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
-import trio
-from transformers import AutoTokenizer
 
-from rollout_session.testing.emulator import Emulator, EmulatorConfig
-from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.generate_params import SAMPLING_FIELDS, contract_error
-from rollout_session.testing.generation import TextModel
 from rollout_session.testing.parse_memo import NOT_SAMPLED, ParseMemo
 from rollout_session.testing.prompt_reader import ALL_TOOLS
-from rollout_session.testing.tokenizer import builtin_template, bundled_tokenizer_path
+from rollout_session.testing.tokenizer import builtin_template
+from tests.emulator.conftest import Serve
 from tests.emulator.test_emulator import (
     FLAT_ERROR_KEYS,
     MESSAGES,
     TOOLS,
-    Serve,
     chat,
     encode,
     render,
     sampled,
 )
 from tests.sglang_source import load_api_types, or_skip
-
-
-@pytest.fixture(scope="module")
-def model() -> TextModel:
-    return TextModel(AutoTokenizer.from_pretrained(bundled_tokenizer_path()))
-
-
-@pytest.fixture
-def tokenizer(model: TextModel) -> Any:
-    return model.tokenizer
-
-
-@pytest.fixture
-async def serve(nursery: trio.Nursery, model: TextModel) -> AsyncIterator[Serve]:
-    """Start emulators (config overrides as keywords); each gets its own client."""
-    async with contextlib.AsyncExitStack() as stack:
-
-        async def start(**overrides: Any) -> tuple[httpx.AsyncClient, Emulator]:
-            server, emulator = await start_emulator(
-                nursery, EmulatorConfig(**overrides), model=model
-            )
-            stack.push_async_callback(server.aclose)
-            client = httpx.AsyncClient(base_url=server.url, timeout=10.0)
-            await stack.enter_async_context(client)
-            return client, emulator
-
-        yield start
-
 
 QWEN3 = builtin_template("qwen3")
 ASK_ALL: list[dict[str, Any]] = [

@@ -6,30 +6,22 @@ radix cache")."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import trio
-from transformers import AutoTokenizer
 
 from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.generation import TextModel
 from rollout_session.testing.prefix_cache import PrefixCache
-from rollout_session.testing.tokenizer import bundled_tokenizer_path
-
-Serve = Callable[..., Awaitable[tuple[httpx.AsyncClient, Emulator]]]
+from tests.emulator.conftest import Serve
 
 # 20 blocks of 16 tokens; a turn below is 95 prompt + 6 sampled tokens (6 blocks).
 CAPACITY = 320
 COMPLETION = 6
-
-
-@pytest.fixture(scope="module")
-def model() -> TextModel:
-    return TextModel(AutoTokenizer.from_pretrained(bundled_tokenizer_path()))
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -17,18 +17,11 @@ from transformers import AutoTokenizer
 from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.generation import TextModel
-from rollout_session.testing.tokenizer import bundled_tokenizer_path as bundled_tokenizer_path
+from tests.emulator.conftest import Serve
 from tests.families import family_path
-
-Serve = Callable[..., Awaitable[tuple[httpx.AsyncClient, Emulator]]]
 
 NOT_EXIST = "Invalid request: session id {} does not exist"
 DUPLICATE = "Failed to open the session. Check if a session with the same id is still open."
-
-
-@pytest.fixture(scope="module")
-def model() -> TextModel:
-    return TextModel(AutoTokenizer.from_pretrained(bundled_tokenizer_path()))
 
 
 @pytest.fixture(scope="module")

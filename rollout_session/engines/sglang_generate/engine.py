@@ -84,6 +84,7 @@ class SGLangGenerateEngine:
                 # The worker lost the session (restart, its reaper): prime a
                 # fresh one with the whole prompt, once.
                 plan = await self._plan(session, request, Rebuild.LOST)
+                rid = uuid.uuid4().hex  # a new request, not the refused one again
                 reply = await self._generate(session, request, sampling, rid, forced, plan)
         if reply.status != 200:
             if plan is not None:

@@ -134,3 +134,45 @@ def test_delta_needs_the_generate_engine() -> None:
     with pytest.raises(ValueError, match="needs --engine sglang-generate"):
         Settings(workers=("http://w",), kv_sessions="delta")
     Settings(workers=("http://w",), kv_sessions="delta", engine="sglang-generate")
+
+
+async def test_primes_and_delta_turns_are_metrics(make_stack: StackFactory) -> None:
+    stack = await make_stack(**GENERATE, kv_sessions="delta")
+    session_id = await stack.create()
+    await episode(stack, session_id, 3)
+    text = (await stack.client.get("/metrics")).text
+    assert 'rollout_kv_session_primes_total{cause="first"} 1.0' in text
+    assert "rollout_kv_delta_turns_total 2.0" in text
+
+
+async def test_a_retried_turn_rolls_back_and_stays_exact(make_stack: StackFactory) -> None:
+    docs = []
+    for kv_sessions in ("off", "delta"):
+        stack = await make_stack(**GENERATE, kv_sessions=kv_sessions, on_divergence="rollback")
+        session_id = await stack.create()
+        messages = await episode(stack, session_id, 2)
+        # The agent retries its last request: the last turn is rolled back
+        # and sampled again, from a prompt the worker's context extends past.
+        response = await stack.chat(session_id, messages=messages[:-1], seed=7, max_tokens=24)
+        assert response.status_code == 200, response.text
+        docs.append(await stack.trajectory(session_id))
+    off, delta = docs
+    for key in ("token_ids", "logprobs", "loss_mask"):
+        assert delta[key] == off[key], key
+    assert delta_of(stack).rebuilds["branched"] == 1
+
+
+async def test_a_session_the_workers_reaper_closed_is_rebuilt(make_stack: StackFactory) -> None:
+    stack = await make_stack(**GENERATE, kv_sessions="delta", session_ttl_s=600.0)
+    session_id = await stack.create()
+    messages = await episode(stack, session_id, 1)
+    opened = generates(stack)[0]["session_params"]["id"]
+    # The worker session was opened with timeout = --session-ttl-s; idle past
+    # it on the worker's clock, the worker's reaper closes it (the server's
+    # clock, and so its own session, did not move).
+    stack.emulator.advance_clock(601.0)
+    messages.append({"role": "user", "content": "Later?"})
+    response = await stack.chat(session_id, messages=messages, seed=4, max_tokens=24)
+    assert response.status_code == 200, response.text
+    assert opened not in stack.emulator.sessions
+    assert delta_of(stack).rebuilds["lost"] == 1

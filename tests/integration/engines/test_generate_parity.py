@@ -1,4 +1,5 @@
-"""`sglang-generate` gives what `sglang-chat` gives, family by family.
+"""`sglang-generate` gives what `sglang-chat` gives, family by family, with
+and without delta-sync (`--kv-sessions delta`).
 
 Each family's episode (the families suite's: plain, tool call, parallel
 tool calls, cut by max_tokens; reasoning where the family shows it) runs
@@ -41,18 +42,19 @@ async def _servers(nursery: trio.Nursery, family: str) -> dict[str, RunningServe
     worker = await spawn_worker(nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True))
     facts = family_facts(family)
     servers = {}
-    for engine in ENGINES:
+    for name, (engine, kv_sessions) in CONFIGS.items():
         generate = engine == "sglang-generate"
         settings = Settings(
             workers=(worker.url,),
             port=0,
             tokenizer=str(path),
             engine=engine,
+            kv_sessions=kv_sessions,
             tool_call_parser=facts.get("sglang_tool_call_parser") if generate else None,
             reasoning_parser=facts.get("sglang_reasoning_parser") if generate else None,
         )
         app = create_app(settings, tokenizer=family_tokenizer(family))
-        servers[engine] = await start_server(nursery, app)
+        servers[name] = await start_server(nursery, app)
     return servers
 
 
@@ -110,7 +112,12 @@ def _refuses_sglang_call_ids(family: str) -> bool:
     return False
 
 
-ENGINES = ("sglang-chat", "sglang-generate")
+# name -> (engine, --kv-sessions): delta-sync must not change a token either.
+CONFIGS = {
+    "sglang-chat": ("sglang-chat", "off"),
+    "sglang-generate": ("sglang-generate", "off"),
+    "sglang-generate+delta": ("sglang-generate", "delta"),
+}
 # Families whose SGLang reasoning parser sglang-generate cannot reproduce.
 REFUSED = [f for f in FAMILIES if family_facts(f).get("sglang_reasoning_parser") == "gpt-oss"]
 SERVED = [f for f in FAMILIES if f not in REFUSED]
@@ -137,16 +144,17 @@ async def test_generate_engine_matches_chat_engine(nursery: trio.Nursery, family
 
 async def _compare(servers: dict[str, RunningServer], family: str, pattern: str) -> None:
     chat_doc, chat_answers = await _run(servers["sglang-chat"], family, pattern)
-    gen_doc, gen_answers = await _run(servers["sglang-generate"], family, pattern)
-    for key in ("token_ids", "logprobs", "loss_mask"):
-        assert gen_doc[key] == chat_doc[key], (pattern, key)
-    assert [t["finish_reason"] for t in gen_doc["turns"]] == [
-        t["finish_reason"] for t in chat_doc["turns"]
-    ], pattern
-    assert _shape(gen_answers) == _shape(chat_answers), pattern
-    for answer in gen_answers:
-        for call in answer.get("tool_calls") or []:
-            assert _CALL_ID.match(call["id"]) or call["id"].startswith("functions."), call
+    for name in ("sglang-generate", "sglang-generate+delta"):
+        doc, answers = await _run(servers[name], family, pattern)
+        for key in ("token_ids", "logprobs", "loss_mask"):
+            assert doc[key] == chat_doc[key], (name, pattern, key)
+        assert [t["finish_reason"] for t in doc["turns"]] == [
+            t["finish_reason"] for t in chat_doc["turns"]
+        ], (name, pattern)
+        assert _shape(answers) == _shape(chat_answers), (name, pattern)
+        for answer in answers:
+            for call in answer.get("tool_calls") or []:
+                assert _CALL_ID.match(call["id"]) or call["id"].startswith("functions."), call
 
 
 @pytest.mark.parametrize("family", REFUSED)

@@ -1,0 +1,64 @@
+"""`serve --demo` under `--engine sglang-generate`: the parsers it names for
+its chat template (`cli.demo.demo_parsers`), in process."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from rollout_session.cli.demo import demo_parsers
+from rollout_session.config import Settings
+from rollout_session.prompt.builtin import builtin_template
+
+
+def generate(**changes: Any) -> Settings:
+    return Settings(demo=True, engine="sglang-generate", **changes)
+
+
+@pytest.mark.parametrize(
+    ("template", "reasoning", "expected"),
+    [
+        ("chatml", False, ("qwen25", None)),
+        # ChatML renders no reasoning: the demo answers without any.
+        ("chatml", True, ("qwen25", None)),
+        ("qwen3", False, ("qwen25", None)),
+        ("qwen3", True, ("qwen25", "qwen3")),
+    ],
+    ids=["chatml", "chatml-reasoning", "qwen3", "qwen3-reasoning"],
+)
+def test_the_demo_names_its_templates_parsers(
+    template: str,
+    reasoning: bool,
+    expected: tuple[str, str | None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = generate(demo_reasoning=reasoning)
+    with caplog.at_level(logging.INFO, logger="rollout_session"):
+        chosen = demo_parsers(settings, builtin_template(template))
+    assert (chosen.tool_call_parser, chosen.reasoning_parser) == expected
+    assert f"--tool-call-parser {expected[0]}" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        Settings(demo=True),
+        generate(tool_call_parser="qwen25"),
+        generate(reasoning_parser="qwen3", demo_reasoning=True),
+    ],
+    ids=["sglang-chat", "tool-call-parser-given", "reasoning-parser-given"],
+)
+def test_given_parsers_and_sglang_chat_are_left_alone(settings: Settings) -> None:
+    assert demo_parsers(settings, builtin_template("qwen3")) is settings
+
+
+def test_an_unknown_template_gets_no_parsers_and_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = generate()
+    with caplog.at_level(logging.WARNING, logger="rollout_session"):
+        assert demo_parsers(settings, "{{ messages }}") is settings
+        assert demo_parsers(settings, None) is settings
+    assert caplog.text.count("no SGLang parsers known for this chat template") == 2
