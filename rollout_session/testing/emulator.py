@@ -44,6 +44,7 @@ from rollout_session.testing.generate_params import (
     fastapi_error,
     lax_true,
     sampling_error,
+    structural_tag_constraint,
     tool_constraint,
 )
 from rollout_session.testing.generation import (
@@ -608,7 +609,10 @@ class Emulator:
         if body.get("return_logprob"):
             _check_logprob_start(body.get("logprob_start_len"), len(prompt))
         try:
-            constraint = tool_constraint(sampling.get("json_schema"))
+            if sampling.get("structural_tag"):
+                constraint = structural_tag_constraint(sampling.get("structural_tag"))
+            else:
+                constraint = tool_constraint(sampling.get("json_schema"))
         except ValueError as exc:  # the grammar does not compile: the scheduler aborts
             raise BadRequest(str(exc)) from exc
         room = cfg.context_length - len(prompt)

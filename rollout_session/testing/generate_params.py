@@ -36,6 +36,7 @@ __all__ = [
     "fastapi_error",
     "lax_true",
     "sampling_error",
+    "structural_tag_constraint",
     "tool_constraint",
 ]
 
@@ -523,4 +524,21 @@ def tool_constraint(json_schema: Any) -> ToolConstraint:
     enum = name.get("enum") if isinstance(name, dict) else None
     if isinstance(enum, list) and len(enum) == 1 and isinstance(enum[0], str):
         return ToolConstraint(enum[0], single)
+    return ToolConstraint()
+
+
+def structural_tag_constraint(structural_tag: Any) -> ToolConstraint:
+    """The tool call SGLang's legacy structural tag forces
+    (``FunctionCallParser.get_legacy_structural_tag``): ``at_least_one``
+    means a call of any offered tool (a named tool_choice is not narrowed by
+    it); otherwise the model calls or not as it would. Raises ValueError with
+    SGLang's message when the tag is not JSON."""
+    if not structural_tag:
+        return ToolConstraint()
+    try:
+        tag = json.loads(structural_tag)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"Failed to compile structural tag grammar: {exc}") from exc
+    if isinstance(tag, dict) and tag.get("at_least_one") is True:
+        return ToolConstraint("required")
     return ToolConstraint()

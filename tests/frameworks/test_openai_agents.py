@@ -18,7 +18,6 @@ Each episode runs under both engines (`--engine sglang-chat` and
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,7 +33,6 @@ from agents import (
     Runner,
     SQLiteSession,
     function_tool,
-    handoff,
     set_tracing_disabled,
 )
 from agents.memory import SessionSettings
@@ -79,13 +77,6 @@ def _add(a: int, b: int) -> int:
 
 get_weather = function_tool(_weather, name_override="get_weather")
 add = function_tool(_add, name_override="add")
-# The episodes' tools (and handoff) are not strict: SGLang's chat route
-# constrains strict tools with its tool-call parser's structural tag
-# (qwen25's: an xgrammar tag), which sglang-generate does not build and
-# refuses (docs/engines.md), so with the SDK's default (strict) every call
-# with tools would be a 400 under that engine.
-loose_weather = function_tool(_weather, name_override="get_weather", strict_mode=False)
-loose_add = function_tool(_add, name_override="add", strict_mode=False)
 
 
 def _recent_only(data: CallModelData[Any]) -> ModelInputData:
@@ -97,16 +88,15 @@ def _recent_only(data: CallModelData[Any]) -> ModelInputData:
 
 def _agents(model: OpenAIChatCompletionsModel, kind: str) -> Agent[Any]:
     if kind.startswith("handoff"):
-        math = Agent(name="math", instructions="You do arithmetic.", tools=[loose_add], model=model)
-        to_math = dataclasses.replace(handoff(math), strict_json_schema=False)
-        return Agent(name="triage", instructions="You route.", handoffs=[to_math], model=model)
+        math = Agent(name="math", instructions="You do arithmetic.", tools=[add], model=model)
+        return Agent(name="triage", instructions="You route.", handoffs=[math], model=model)
     # A budget the model's thinking does not fit in: every answer is cut
     # inside its think block, reasoning only.
     settings = ModelSettings(max_tokens=6) if kind == "thinking-cut" else ModelSettings()
     return Agent(
         name="helper",
         instructions="You help.",
-        tools=[loose_weather, loose_add],
+        tools=[get_weather, add],
         model=model,
         model_settings=settings,
     )

@@ -81,13 +81,9 @@ def _agent(provider: OpenAIProvider, kind: str) -> Agent[None, str]:
         return "You help."
 
     agent.instructions(instructions)
-    # Not strict (pydantic-ai asks OpenAI-compatible models with strict
-    # tools where the schema allows): SGLang's chat route constrains strict
-    # tools with qwen25's structural tag (xgrammar), which sglang-generate
-    # does not build and refuses (docs/engines.md).
-    agent.tool_plain(strict=False)(_weather)
+    agent.tool_plain(_weather)
     if kind == "tool-appears":
-        agent.tool_plain(prepare=_after_first_step, strict=False)(_add)
+        agent.tool_plain(prepare=_after_first_step)(_add)
     return agent
 
 

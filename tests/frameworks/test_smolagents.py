@@ -9,12 +9,12 @@ segment (`answer_dropped`). A planning step (`planning_interval`) and the
 final answer after `max_steps` are asked with other system prompts and no
 tools. A second `run(..., reset=False)` continues the same memory.
 
-Under `--engine sglang-chat` only: ToolCallingAgent always asks with
-`tool_choice: "required"`, which SGLang's chat route constrains with the
-tool-call parser's structural tag (qwen25's: xgrammar), and sglang-generate
-refuses such a request rather than sample it unconstrained
-(docs/engines.md). Its prompts also quote the random tool-call ids of
-earlier answers, so runs under two engines would part after the first call.
+Under `--engine sglang-chat` only: its prompts quote the tool-call ids of
+earlier answers, which sglang-generate mints at random as SGLang's chat
+route does (the emulator's chat route mints repeatable ones), so runs under
+the two engines would part after the first call. Its `tool_choice:
+"required"` is constrained on sglang-generate by qwen25's legacy structural
+tag, as on SGLang's chat route (docs/engines.md).
 """
 
 from __future__ import annotations

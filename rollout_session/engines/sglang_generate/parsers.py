@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["REASONING_PARSERS", "Parsers"]
+__all__ = ["LEGACY_TAGS", "REASONING_PARSERS", "Parsers"]
 
 # Reasoning parsers this engine reproduces: name -> (think-start token, when
 # the chat route forces reasoning). The rule is the detector's
@@ -80,6 +80,31 @@ _REFUSED_TOOL_PARSERS: Final[Mapping[str, str]] = {
     "response_template": "is a response template (its own detokenization, grammar and "
     "parse context)",
 }
+# Tool-call parsers whose forced (or strict) tool calls the chat route
+# constrains with SGLang's legacy structural tag
+# (FunctionCallParser.get_legacy_structural_tag), built from each detector's
+# structure_info(): begin = BEFORE + name + AFTER, then the arguments, then
+# END; TRIGGER starts a call. From sglang/srt/function_call/{qwen25,hermes,
+# llama32,mistral,deepseekv3,deepseekv31}_detector.py `structure_info`.
+LEGACY_TAGS: Final[Mapping[str, tuple[str, str, str, str]]] = {
+    "qwen": ('<tool_call>\n{"name":"', '", "arguments":', "}\n</tool_call>", "<tool_call>"),
+    "qwen25": ('<tool_call>\n{"name":"', '", "arguments":', "}\n</tool_call>", "<tool_call>"),
+    "hermes": ('<tool_call>{"name":"', '", "arguments":', "}</tool_call>", "<tool_call>"),
+    "llama3": ('<|python_tag|>{"name":"', '", "arguments":', "}", "<|python_tag|>"),
+    "mistral": ('[TOOL_CALLS] [{"name":"', '", "arguments":', "}]", "[TOOL_CALLS]"),
+    "deepseekv3": (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>",
+        "\n```json\n",
+        "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        "<｜tool▁calls▁begin｜>",
+    ),
+    "deepseekv31": (
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁call▁begin｜>",
+    ),
+}
 # Chat-route tool-call ids other than call_<24 hex> (serving_chat._process_tool_call_id).
 _KIMI_IDS: Final = frozenset({"kimi_k2"})
 
@@ -112,8 +137,14 @@ class Parsers:
 
     @property
     def tool_call_constrains_natively(self) -> bool:
-        """A forced tool_choice is constrained by a structural tag (not reproduced)."""
+        """A forced tool_choice is constrained by a structural tag (the
+        legacy one for `LEGACY_TAGS`, built here; any other is refused)."""
         return self.tool_call is not None and self.tool_call not in _JSON_SCHEMA_TOOLS
+
+    @property
+    def legacy_tag(self) -> tuple[str, str, str, str] | None:
+        """The parser's structure_info parts, when its tag is the legacy one."""
+        return LEGACY_TAGS.get(self.tool_call or "")
 
     @property
     def parses_required_as_json(self) -> bool:

@@ -104,6 +104,19 @@ def _tool_schema(function: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _check_defs(tools: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The tools' `$defs`, merged (function_call/utils.py `_get_tool_schema_defs`).
+    Conflicting ones make SGLang log an error and sample unconstrained
+    (get_structure_constraint catches it): refused here instead."""
+    defs: dict[str, Any] = {}
+    for tool in tools:
+        for key, value in ((tool["function"].get("parameters") or {}).get("$defs") or {}).items():
+            if key in defs and defs[key] != value:
+                raise Untranslatable(f"tools define '$defs.{key}' differently")
+            defs[key] = value
+    return defs
+
+
 def _json_schema_constraint(
     tools: list[Mapping[str, Any]], tool_choice: Any, parallel: bool
 ) -> dict[str, Any]:
@@ -121,18 +134,37 @@ def _json_schema_constraint(
         }
         if not parallel:
             schema["maxItems"] = 1
-        defs: dict[str, Any] = {}
-        for f in functions:
-            for key, value in ((f.get("parameters") or {}).get("$defs") or {}).items():
-                if key in defs and defs[key] != value:
-                    raise Untranslatable(f"tools define '$defs.{key}' differently")
-                defs[key] = value
+        defs = _check_defs(tools)
         if defs:
             schema["$defs"] = defs
         return schema
     if not parallel:
         schema["maxItems"] = 1
     return schema
+
+
+def _legacy_tag(
+    tools: list[Mapping[str, Any]], tag: tuple[str, str, str, str], *, at_least_one: bool
+) -> dict[str, Any]:
+    """FunctionCallParser.get_legacy_structural_tag, as
+    LegacyStructuralTagResponseFormat.model_dump(by_alias=True) writes it:
+    one structure per tool (a named tool_choice does not narrow it), the
+    parameters' schema only for strict tools."""
+    _check_defs(tools)
+    before, after, end, trigger = tag
+    structures = []
+    for tool in tools:
+        function = tool["function"]
+        schema = function.get("parameters") if function.get("strict") else {}
+        structures.append(
+            {"begin": before + function["name"] + after, "schema": schema or {}, "end": end}
+        )
+    return {
+        "type": "structural_tag",
+        "structures": structures,
+        "triggers": [trigger],
+        "at_least_one": at_least_one,
+    }
 
 
 def _tool_constraint(params: Mapping[str, Any], parsers: Parsers) -> tuple[str, str] | None:
@@ -153,14 +185,18 @@ def _tool_constraint(params: Mapping[str, Any], parsers: Parsers) -> tuple[str, 
     strict = any((t.get("function") or {}).get("strict") for t in tools)
     if not forced and not strict:
         return None
+    tag = parsers.legacy_tag
+    if tag is not None:
+        return "structural_tag", json.dumps(_legacy_tag(tools, tag, at_least_one=forced))
     if parsers.tool_call is not None and parsers.tool_call_constrains_natively:
+        what = "strict tools" if not forced else f"tool_choice {choice!r}"
         raise Untranslatable(
-            f"tool_choice {choice!r} under --tool-call-parser {parsers.tool_call} is "
-            "constrained by the parser's structural tag (xgrammar), which this engine does "
-            "not build; use tool_choice 'auto' or --engine sglang-chat"
+            f"{what} under --tool-call-parser {parsers.tool_call} are constrained by the "
+            "parser's own structural tag (xgrammar), which this engine does not build; "
+            "use --engine sglang-chat"
         )
     if not forced:
-        return None  # strict auto: only structural-tag parsers constrain it (refused above)
+        return None  # strict auto: only structural-tag parsers constrain it
     parallel = params.get("parallel_tool_calls", True) is not False
     schema = _json_schema_constraint(tools, choice, parallel)
     return "json_schema", json.dumps(schema)

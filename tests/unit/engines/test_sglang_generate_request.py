@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from rollout_session.engines.base import EngineRequest
-from rollout_session.engines.sglang_generate.parsers import REASONING_PARSERS, Parsers
+from rollout_session.engines.sglang_generate.parsers import LEGACY_TAGS, REASONING_PARSERS, Parsers
 from rollout_session.engines.sglang_generate.request import (
     MODEL_DEFAULT_KEYS,
     GenerateOptions,
@@ -567,18 +567,77 @@ def test_unforced_tool_choice_is_not_constrained(
     assert "json_schema" not in out and "structural_tag" not in out
 
 
+# -- the legacy structural tag (qwen25, hermes, llama3, mistral, deepseekv3/v31) --
+
+
+@pytest.mark.parametrize(
+    ("params", "at_least_one"),
+    [
+        ({"tools": TOOLS, "tool_choice": "required"}, True),
+        ({"tools": TOOLS, "tool_choice": NAMED}, True),  # not narrowed to the named tool
+        ({"tools": STRICT_TOOLS}, False),  # strict auto
+    ],
+    ids=["required", "named", "strict-auto"],
+)
+def test_the_legacy_structural_tag_is_built_as_sglang_builds_it(
+    params: dict[str, Any], at_least_one: bool
+) -> None:
+    tag = json.loads(sampling(params, parsers=Parsers("qwen25"))["structural_tag"])
+    tools = params["tools"]
+    assert tag == {
+        "type": "structural_tag",
+        "structures": [
+            {
+                "begin": '<tool_call>\n{"name":"' + t["function"]["name"] + '", "arguments":',
+                # Arguments are schema-free unless the tool is strict.
+                "schema": t["function"]["parameters"] if t["function"].get("strict") else {},
+                "end": "}\n</tool_call>",
+            }
+            for t in tools
+        ],
+        "triggers": ["<tool_call>"],
+        "at_least_one": at_least_one,
+    }
+
+
+@pytest.mark.parametrize("parser", sorted(LEGACY_TAGS))
+def test_legacy_tag_parts_are_the_detectors_structure_info(parser: str, sglang: SGLang) -> None:
+    """Each part is a string constant of the detector's `structure_info` in
+    SGLang's source (read, not imported: the detectors import torch)."""
+    detector = {
+        "qwen": "qwen25",
+        "qwen25": "qwen25",
+        "hermes": "hermes",
+        "llama3": "llama32",
+        "mistral": "mistral",
+        "deepseekv3": "deepseekv3",
+        "deepseekv31": "deepseekv31",
+    }[parser]
+    tree = ast.parse(
+        (sglang.root / "srt" / "function_call" / f"{detector}_detector.py").read_text()
+    )
+    [function] = [
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "structure_info"
+    ]
+    constants = {
+        n.value
+        for n in ast.walk(function)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+    before, after, end, trigger = LEGACY_TAGS[parser]
+    assert {before, after, end, trigger} <= constants
+
+
 # -- what the chat route does that is refused ------------------------------------
 
 
 @pytest.mark.parametrize(
     ("params", "parsers", "message"),
     [
-        # FunctionCallParser.get_structure_constraint: an xgrammar structural tag.
-        ({"tools": TOOLS, "tool_choice": "required"}, Parsers("qwen25"), "structural tag"),
-        ({"tools": TOOLS, "tool_choice": NAMED}, Parsers("llama3"), "structural tag"),
+        # FunctionCallParser.get_structure_constraint: the model's own xgrammar tag.
         ({"tools": TOOLS, "tool_choice": "required"}, Parsers("kimi_k2"), "structural tag"),
-        ({"tools": TOOLS, "tool_choice": "required"}, Parsers("qwen3_coder"), "structural tag"),
-        ({"tools": STRICT_TOOLS}, Parsers("qwen25"), "structural tag"),  # strict auto
+        ({"tools": TOOLS, "tool_choice": NAMED}, Parsers("qwen3_coder"), "structural tag"),
+        ({"tools": STRICT_TOOLS}, Parsers("kimi_k2"), "structural tag"),  # strict auto
         # Parsed natively with no constraint (parses_required_natively): not reproduced.
         ({"tools": TOOLS, "tool_choice": "required"}, Parsers("hunyuan"), "structural tag"),
         # serving_chat._validate_request.
@@ -607,11 +666,9 @@ def test_unforced_tool_choice_is_not_constrained(
         ({"separate_reasoning": False}, Parsers(reasoning="qwen3"), "separate_reasoning"),
     ],
     ids=[
-        "required-qwen25",
-        "named-llama3",
         "required-kimi_k2",
-        "required-qwen3_coder",
-        "strict-auto-qwen25",
+        "named-qwen3_coder",
+        "strict-auto-kimi_k2",
         "required-hunyuan",
         "required-without-tools",
         "named-without-tools",
