@@ -170,6 +170,17 @@ class Speaker:
                 for i, function in enumerate(spec.tools)
             ]
             ids = self._ids(context, answer, tools, kwargs)
+            if not self._shows_calls(ids, answer) and len(answer["tool_calls"]) > 1:
+                # The template writes one call per answer (harmony's): so
+                # does a model trained on it.
+                answer["tool_calls"] = answer["tool_calls"][:1]
+                ids = self._ids(context, answer, tools, kwargs)
+            if not self._shows_calls(ids, answer):
+                # The template cannot write the calls (DeepSeek-R1's writes
+                # them only for a null content, which messages never have):
+                # a model trained on it answers in text instead.
+                del answer["tool_calls"]
+                ids = self._text(rng, spec.target_tokens, context, answer, tools, kwargs)
         else:
             ids = self._text(rng, spec.target_tokens, context, answer, tools, kwargs)
         stopped = ids[-1] in self.template.stop_ids
@@ -260,6 +271,13 @@ class Speaker:
                 for i, call in enumerate(calls)
             ]
         return message
+
+    def _shows_calls(self, ids: list[int], answer: Message) -> bool:
+        """Whether the sampled ids show every call's function name: a call
+        the template does not render was not sampled, and must not be
+        reported as if a parser had found it."""
+        text = self.template.decode(ids)
+        return all(c["function"]["name"] in text for c in answer.get("tool_calls") or [])
 
     def _reasoning_tokens(self, reasoning: str | None) -> int:
         return len(self.model.encode(reasoning)) if reasoning else 0

@@ -231,6 +231,8 @@ class SGLangGenerateEngine:
             forced_choice = choice == "required" or isinstance(choice, dict)
             if forced_choice and parsers.parses_required_as_json:
                 text, found = parse_json_array(text, finish)
+            elif not parsers.may_call(text):
+                found = []  # the detector's has_tool_call says no: the text as it is
             else:
                 got = await self._route(
                     session,

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["LEGACY_TAGS", "REASONING_PARSERS", "Parsers"]
+__all__ = ["LEGACY_TAGS", "REASONING_PARSERS", "TOOL_CALL_MARKERS", "Parsers"]
 
 # Reasoning parsers this engine reproduces: name -> (think-start token, when
 # the chat route forces reasoning). The rule is the detector's
@@ -105,6 +105,20 @@ LEGACY_TAGS: Final[Mapping[str, tuple[str, str, str, str]]] = {
         "<｜tool▁call▁begin｜>",
     ),
 }
+# What a detector's has_tool_call looks for (sglang/srt/function_call/
+# <detector>.py `has_tool_call`, `bot_token`): the chat route parses only a
+# text that has it (serving_chat._process_tool_calls), so for these parsers
+# a text without it is the answer as it is, and the parse request is not
+# sent. Llama's also takes a text that starts with "{".
+TOOL_CALL_MARKERS: Final[Mapping[str, str]] = {
+    "qwen": "<tool_call>\n",
+    "qwen25": "<tool_call>\n",
+    "hermes": "<tool_call>",
+    "llama3": "<|python_tag|>",
+    "mistral": "[TOOL_CALLS",
+    "deepseekv3": "<｜tool▁calls▁begin｜>",
+    "deepseekv31": "<｜tool▁calls▁begin｜>",
+}
 # Chat-route tool-call ids other than call_<24 hex> (serving_chat._process_tool_call_id).
 _KIMI_IDS: Final = frozenset({"kimi_k2"})
 
@@ -150,6 +164,14 @@ class Parsers:
     def parses_required_as_json(self) -> bool:
         """A forced tool_choice's answer is parsed as a JSON array, not by the detector."""
         return self.tool_call in _JSON_SCHEMA_TOOLS
+
+    def may_call(self, text: str) -> bool:
+        """Whether the chat route would parse `text` for tool calls (False
+        only where the detector's has_tool_call is known to say no)."""
+        marker = TOOL_CALL_MARKERS.get(self.tool_call or "")
+        if marker is None:
+            return True
+        return marker in text or (self.tool_call == "llama3" and text.startswith("{"))
 
     @property
     def kimi_ids(self) -> bool:

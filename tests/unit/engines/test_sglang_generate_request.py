@@ -22,7 +22,12 @@ import orjson
 import pytest
 
 from rollout_session.engines.base import EngineRequest
-from rollout_session.engines.sglang_generate.parsers import LEGACY_TAGS, REASONING_PARSERS, Parsers
+from rollout_session.engines.sglang_generate.parsers import (
+    LEGACY_TAGS,
+    REASONING_PARSERS,
+    TOOL_CALL_MARKERS,
+    Parsers,
+)
 from rollout_session.engines.sglang_generate.request import (
     MODEL_DEFAULT_KEYS,
     GenerateOptions,
@@ -1177,3 +1182,36 @@ def test_a_lora_adapter_is_resolved_as_the_chat_route_does(
         )
     )
     assert body.get("lora_path") == adapter
+
+
+_DETECTOR_FILES = {
+    "qwen": "qwen25",
+    "qwen25": "qwen25",
+    "hermes": "hermes",
+    "llama3": "llama32",
+    "mistral": "mistral",
+    "deepseekv3": "deepseekv3",
+    "deepseekv31": "deepseekv31",
+}
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_CALL_MARKERS))
+def test_tool_call_markers_are_the_detectors(parser: str, sglang: SGLang) -> None:
+    """The marker is a string constant of the detector's module in SGLang's
+    source, and `may_call` agrees with its has_tool_call on both sides."""
+    source = sglang.root / "srt" / "function_call" / f"{_DETECTOR_FILES[parser]}_detector.py"
+    constants = {
+        n.value
+        for n in ast.walk(ast.parse(source.read_text("utf-8")))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+    marker = TOOL_CALL_MARKERS[parser]
+    assert marker in constants
+    parsers = Parsers(tool_call=parser)
+    assert parsers.may_call(f"Sure. {marker} and more")
+    assert not parsers.may_call("A plain answer.")
+    assert parsers.may_call('{"name": "f"}') is (parser == "llama3")
+
+
+def test_parsers_without_a_known_marker_are_always_asked() -> None:
+    assert Parsers(tool_call="pythonic").may_call("A plain answer.")
