@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from rollout_session import Settings
+from rollout_session.engines.pool import Health
 from rollout_session.engines.sglang_generate import SGLangGenerateEngine
 from rollout_session.engines.sglang_generate.delta import RemoteSessions
 from rollout_session.testing.kv_sessions import SessionTable
@@ -106,13 +107,21 @@ async def test_a_session_that_moves_is_rebuilt_on_its_new_worker(
     stack = await make_stack(**GENERATE, kv_sessions="delta", num_workers=2)
     session_id = await stack.create()
     messages = await episode(stack, session_id, 1)
-    pinned = (await stack.client.get(f"/sessions/{session_id}")).json()["worker"]
-    response = await stack.client.delete("/workers", params={"url": pinned})
-    assert response.status_code in (200, 204), response.text
+    pinned = stack.ctx.registry.get(session_id).worker
+    old = next(w for w in stack.workers if w.url == pinned)
+    new = next(w for w in stack.workers if w is not old)
+    [remote] = {r.body["session_params"]["id"] for r in old.emulator.requests}
+    # The health checker gave up on the old worker, which still runs and
+    # still holds the worker session.
+    stack.ctx.pool.workers[old.url].health = Health.UNHEALTHY
     messages.append({"role": "user", "content": "Still there?"})
     response = await stack.chat(session_id, messages=messages, seed=3, max_tokens=24)
     assert response.status_code == 200, response.text
     assert delta_of(stack).rebuilds["moved"] == 1
+    [moved] = [r.body for r in new.emulator.requests if r.route == "generate"]
+    assert "rid" not in moved["session_params"] and moved["session_params"]["id"] != remote
+    with trio.fail_after(10):
+        await old.emulator.wait_until(lambda: remote in old.emulator.sessions_closed)
 
 
 async def test_delete_and_shutdown_close_the_worker_sessions(make_stack: StackFactory) -> None:
@@ -176,3 +185,14 @@ async def test_a_session_the_workers_reaper_closed_is_rebuilt(make_stack: StackF
     assert response.status_code == 200, response.text
     assert opened not in stack.emulator.sessions
     assert delta_of(stack).rebuilds["lost"] == 1
+
+
+async def test_an_expired_session_closes_its_worker_session(make_stack: StackFactory) -> None:
+    stack = await make_stack(**GENERATE, kv_sessions="delta")
+    session_id = await stack.create()
+    await episode(stack, session_id, 1)
+    [remote] = {b["session_params"]["id"] for b in generates(stack)}
+    stack.ctx.store.expire(stack.ctx.registry.get(session_id))  # what the reaper does
+    with trio.fail_after(10):
+        await stack.emulator.wait_until(lambda: remote in stack.emulator.sessions_closed)
+    assert len(delta_of(stack)) == 0
