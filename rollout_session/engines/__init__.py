@@ -2,8 +2,10 @@
 
 Owns: the engine seam (`base`: `Engine`, `EngineRequest`, `Completion`,
 `Refusal`), one package per engine (`sglang_chat`: SGLang's chat route with
-``input_ids``), the worker pool (membership, admission, health, circuit
-breaker, sticky placement, failover: `pool`, `placement`), HTTP to a
+``input_ids``; `sglang_generate`: SGLang's native ``/generate``, parsed by
+SGLang's parsers on the worker, with delta-sync), the worker pool
+(membership, admission, health, circuit breaker, sticky placement,
+failover: `pool`, `placement`), HTTP to a
 worker (`upstream`), worker URLs and the allow-list, the served model,
 and the SGLang KV-session vocabulary.
 
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from .base import Completion, Engine, EngineRequest, Refusal
     from .pool import PoolOptions, WorkerPool
     from .sglang_chat.engine import SGLangChatEngine
+    from .sglang_generate.engine import SGLangGenerateEngine
 
 __all__ = [
     "Completion",
@@ -29,6 +32,7 @@ __all__ = [
     "PoolOptions",
     "Refusal",
     "SGLangChatEngine",
+    "SGLangGenerateEngine",
     "WorkerPool",
 ]
 
@@ -40,6 +44,7 @@ _HOME = {
     "PoolOptions": ".pool",
     "WorkerPool": ".pool",
     "SGLangChatEngine": ".sglang_chat.engine",
+    "SGLangGenerateEngine": ".sglang_generate.engine",
 }
 
 __getattr__, __dir__ = lazy_attributes(__name__, _HOME, __all__)
