@@ -9,8 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer
+
 from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
-from rollout_session.testing import FamilyTokens, family_tokenizer_path
+from rollout_session.testing import FamilyTokens, TextModel, family_tokenizer_path
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 _FACTS: dict[str, Any] = json.loads((TEMPLATES / "families.json").read_text("utf-8"))["families"]
@@ -38,6 +40,13 @@ def family_tokens(family: str) -> FamilyTokens:
 def family_path(family: str) -> Path:
     """A model directory for `family` (built once per content digest)."""
     return family_tokenizer_path(template_text(family), family_tokens(family))
+
+
+@functools.cache
+def family_text_model(family: str) -> TextModel:
+    """The emulator's word model over the family's tokenizer (loaded once;
+    emulators share it)."""
+    return TextModel(AutoTokenizer.from_pretrained(str(family_path(family))))
 
 
 @functools.cache

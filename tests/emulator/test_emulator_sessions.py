@@ -12,13 +12,12 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from transformers import AutoTokenizer
 
 from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.generation import TextModel
 from tests.emulator.conftest import Serve
-from tests.families import family_path
+from tests.families import family_path, family_text_model
 
 NOT_EXIST = "Invalid request: session id {} does not exist"
 DUPLICATE = "Failed to open the session. Check if a session with the same id is still open."
@@ -26,7 +25,7 @@ DUPLICATE = "Failed to open the session. Check if a session with the same id is 
 
 @pytest.fixture(scope="module")
 def llama() -> TextModel:
-    return TextModel(AutoTokenizer.from_pretrained(str(family_path("llama-3.1"))))
+    return family_text_model("llama-3.1")
 
 
 @pytest.fixture

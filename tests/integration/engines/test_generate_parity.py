@@ -19,16 +19,22 @@ import httpx
 import openai
 import pytest
 import trio
-from transformers import AutoTokenizer
 
 from rollout_session import Settings, create_app
 from rollout_session.errors import InvalidRequest
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.check import Outcome
 from rollout_session.prompt.messages import Message
-from rollout_session.testing import EmulatorConfig, TextModel
+from rollout_session.testing import EmulatorConfig
 from tests.conftest import spawn_worker
-from tests.families import FAMILIES, family_facts, family_path, family_tokenizer, template_text
+from tests.families import (
+    FAMILIES,
+    family_facts,
+    family_path,
+    family_text_model,
+    family_tokenizer,
+    template_text,
+)
 from tests.integration.session.test_families import CLOCK, PATTERNS, WEATHER, _episode
 from tests.unit.prompt.test_check import CASES, REPORT
 
@@ -38,7 +44,7 @@ _CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
 async def _servers(nursery: trio.Nursery, family: str) -> dict[str, RunningServer]:
     """One emulator worker, and a session server on each engine in front of it."""
     path = family_path(family)
-    model = TextModel(AutoTokenizer.from_pretrained(str(path)))
+    model = family_text_model(family)
     worker = await spawn_worker(nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True))
     facts = family_facts(family)
     servers = {}

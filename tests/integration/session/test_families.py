@@ -20,7 +20,6 @@ import httpx
 import openai
 import pytest
 import trio
-from transformers import AutoTokenizer
 
 from rollout_session import Settings, create_app
 from rollout_session.http.serving import RunningServer, start_server
@@ -29,10 +28,10 @@ from rollout_session.prompt.junction import STOPPED
 from rollout_session.prompt.messages import Message, assistant_message, normalize_messages
 from rollout_session.prompt.model_output import CallIds
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig, TextModel
+from rollout_session.testing import EmulatorConfig
 from rollout_session.testing.prompt_reader import ALL_TOOLS
 from tests.conftest import spawn_worker
-from tests.families import family_path, family_tokenizer, template_text
+from tests.families import family_path, family_text_model, family_tokenizer, template_text
 from tests.integration.session.test_turns import check_document
 from tests.unit.prompt.test_check import CASES, REPORT
 
@@ -80,7 +79,7 @@ async def serve_family(nursery: trio.Nursery) -> AsyncIterator[Serve]:
 
     async def start(family: str, kwargs: dict[str, Any]) -> str:
         path = family_path(family)
-        model = TextModel(AutoTokenizer.from_pretrained(str(path)))
+        model = family_text_model(family)
         worker = await spawn_worker(
             nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True)
         )
