@@ -18,6 +18,7 @@ case and why); nothing is sent that would sample differently.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,9 @@ _REFUSED: Final[Mapping[str, str]] = {
     "return_hidden_states": "hidden states are not part of a trajectory",
     "custom_logit_processor": "not forwarded by this engine",
 }
+
+
+logger = logging.getLogger("rollout_session")
 
 
 class Untranslatable(Exception):
@@ -367,6 +371,15 @@ def model_options(parsers: Parsers, model_dir: str | Path) -> GenerateOptions:
         defaults = read_sampling_defaults(model_dir)
     except NotADirectoryError:
         defaults = {}
+    if not (Path(model_dir) / "generation_config.json").is_file():
+        # Not silent: unset sampling parameters may differ from the chat route's.
+        logger.warning(
+            "sglang-generate: no generation_config.json in %s; requests that leave "
+            "temperature, top_p, top_k, min_p or repetition_penalty unset are sent OpenAI's "
+            "defaults, where SGLang's chat route would use the model's (pass --tokenizer "
+            "as the model's directory; docs/engines.md)",
+            model_dir,
+        )
     return GenerateOptions(
         parsers, defaults, keeps_special_tokens=model_type in _KEEPS_SPECIAL_TOKENS
     )

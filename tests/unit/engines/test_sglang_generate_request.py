@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -1215,3 +1216,18 @@ def test_tool_call_markers_are_the_detectors(parser: str, sglang: SGLang) -> Non
 
 def test_parsers_without_a_known_marker_are_always_asked() -> None:
     assert Parsers(tool_call="pythonic").may_call("A plain answer.")
+
+
+def test_a_model_dir_without_generation_config_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="rollout_session"):
+        options = model_options(Parsers(), tmp_path)
+    assert options.model_defaults == {}
+    [record] = [r for r in caplog.records if "generation_config.json" in r.getMessage()]
+    assert str(tmp_path) in record.getMessage()
+    caplog.clear()
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.6}')
+    with caplog.at_level(logging.WARNING, logger="rollout_session"):
+        assert model_options(Parsers(), tmp_path).model_defaults == {"temperature": 0.6}
+    assert not caplog.records
