@@ -5,17 +5,13 @@ radix cache")."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from rollout_session.testing.emulator import Emulator, EmulatorConfig
-from rollout_session.testing.emulator_app import start_emulator
-from rollout_session.testing.generation import TextModel
+from rollout_session.testing.emulator import Emulator
 from rollout_session.testing.prefix_cache import PrefixCache
 from tests.emulator.conftest import Serve
 
@@ -25,21 +21,15 @@ COMPLETION = 6
 
 
 @pytest.fixture
-async def serve(nursery: trio.Nursery, model: TextModel) -> AsyncIterator[Serve]:
-    async with contextlib.AsyncExitStack() as stack:
+def serve(serve: Serve) -> Serve:
+    """conftest's `serve`, with this module's cache size and completion length."""
 
-        async def start(**overrides: Any) -> tuple[httpx.AsyncClient, Emulator]:
-            overrides.setdefault("cache_capacity_tokens", CAPACITY)
-            overrides.setdefault("completion_tokens", COMPLETION)
-            server, emulator = await start_emulator(
-                nursery, EmulatorConfig(**overrides), model=model
-            )
-            stack.push_async_callback(server.aclose)
-            client = httpx.AsyncClient(base_url=server.url, timeout=10.0)
-            await stack.enter_async_context(client)
-            return client, emulator
+    async def start(**overrides: Any) -> tuple[httpx.AsyncClient, Emulator]:
+        overrides.setdefault("cache_capacity_tokens", CAPACITY)
+        overrides.setdefault("completion_tokens", COMPLETION)
+        return await serve(**overrides)
 
-        yield start
+    return start
 
 
 def ids(start: int, n: int = 95) -> list[int]:

@@ -34,7 +34,13 @@ from .answer import GenerateAnswer, check_generate_answer
 from .delta import Plan, Rebuild, RemoteSessions, dp_rank, lost_session
 from .parsers import Parsers
 from .reply import ParsedAnswer, chat_completion, error_reply, parse_json_array, tool_call_id
-from .request import GenerateOptions, Untranslatable, generate_body, sampling_params
+from .request import (
+    GenerateOptions,
+    ToolChoice,
+    Untranslatable,
+    generate_body,
+    sampling_params,
+)
 
 __all__ = ["SGLangGenerateEngine"]
 
@@ -224,12 +230,10 @@ class SGLangGenerateEngine:
             )
             reasoning = got.get("reasoning_text") or None
             text = got.get("text", "")
-        tools = params.get("tools") or []
-        choice = params.get("tool_choice", "auto" if tools else "none")
+        tool_choice = ToolChoice.of(params)
         calls: list[dict[str, Any]] = []
-        if parsers.tool_call is not None and tools and choice != "none":
-            forced_choice = choice == "required" or isinstance(choice, dict)
-            if forced_choice and parsers.parses_required_as_json:
+        if parsers.tool_call is not None and tool_choice.active:
+            if tool_choice.forced and parsers.parses_required_as_json:
                 text, found = parse_json_array(text, finish)
             elif not parsers.may_call(text):
                 found = []  # the detector's has_tool_call says no: the text as it is
@@ -238,14 +242,23 @@ class SGLangGenerateEngine:
                     session,
                     worker,
                     _PARSE_FUNCTION_CALL,
-                    {"text": text, "tools": tools, "tool_call_parser": parsers.tool_call},
+                    {
+                        "text": text,
+                        "tools": tool_choice.tools,
+                        "tool_call_parser": parsers.tool_call,
+                    },
                 )
                 text = got.get("normal_text", "")
                 found = got.get("calls") or []
-            history = sum(
-                len(m.get("tool_calls") or [])
-                for m in params.get("messages") or []
-                if m.get("role") == "assistant"
+            # Kimi's ids count the history's calls (O(history): only for them).
+            history = (
+                sum(
+                    len(m.get("tool_calls") or [])
+                    for m in params.get("messages") or []
+                    if m.get("role") == "assistant"
+                )
+                if found and parsers.kimi_ids
+                else 0
             )
             for i, call in enumerate(found):
                 calls.append(

@@ -33,6 +33,7 @@ from .parsers import Parsers
 __all__ = [
     "MODEL_DEFAULT_KEYS",
     "GenerateOptions",
+    "ToolChoice",
     "Untranslatable",
     "generate_body",
     "lora_adapter",
@@ -171,10 +172,34 @@ def _legacy_tag(
     }
 
 
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """A request's tools and `tool_choice`, as the chat route reads them."""
+
+    tools: list[Mapping[str, Any]]
+    # ChatCompletionRequest.set_tool_choice_default: "auto" with tools, else "none".
+    choice: Any
+
+    @classmethod
+    def of(cls, params: Mapping[str, Any]) -> ToolChoice:
+        tools = params.get("tools") or []
+        return cls(tools, params.get("tool_choice", "auto" if tools else "none"))
+
+    @property
+    def active(self) -> bool:
+        """Tools are offered and may be called (the parser's turn, when one is set)."""
+        return bool(self.tools) and self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """`required` or a named function."""
+        return self.choice == "required" or isinstance(self.choice, dict)
+
+
 def _tool_constraint(params: Mapping[str, Any], parsers: Parsers) -> tuple[str, str] | None:
     """The constraint the chat route samples `tool_choice` under, serialised."""
-    tools = params.get("tools") or []
-    choice = params.get("tool_choice", "auto" if tools else "none")
+    request = ToolChoice.of(params)
+    tools, choice = request.tools, request.choice
     if choice == "required" and not tools:  # serving_chat._validate_request
         raise Untranslatable("Tools cannot be empty if tool choice is set to required.")
     if isinstance(choice, dict):
@@ -183,9 +208,9 @@ def _tool_constraint(params: Mapping[str, Any], parsers: Parsers) -> tuple[str, 
         name = (choice.get("function") or {}).get("name")
         if not any((t.get("function") or {}).get("name") == name for t in tools):
             raise Untranslatable(f"Tool '{name}' not found in tools list.")
-    if not tools or choice == "none":
+    if not request.active:
         return None
-    forced = choice == "required" or isinstance(choice, dict)
+    forced = request.forced
     strict = any((t.get("function") or {}).get("strict") for t in tools)
     if not forced and not strict:
         return None
@@ -243,10 +268,8 @@ def sampling_params(request: EngineRequest, options: GenerateOptions) -> dict[st
     if max_new is None:
         max_new = request.max_tokens  # the session cap's remainder; None: no limit
     kwargs = request.template_kwargs  # what sglang-chat sends as chat_template_kwargs
-    tools = params.get("tools") or []
-    choice = params.get("tool_choice", "auto" if tools else "none")
     skip_special = params.get("skip_special_tokens", True)
-    if options.keeps_special_tokens or (tools and choice != "none"):
+    if options.keeps_special_tokens or ToolChoice.of(params).active:
         skip_special = False  # serving_chat._process_messages
     if options.parsers.reasoning_needs_special_tokens:
         skip_special = False  # serving_chat._patch_reasoning_skip_special_tokens
