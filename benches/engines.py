@@ -1,4 +1,5 @@
-"""Engines: ``sglang-chat`` vs ``sglang-generate`` vs ``sglang-generate --kv-sessions delta``.
+"""Engines: ``sglang-chat`` vs ``sglang-generate`` (with and without
+``--kv-sessions delta``) vs ``vllm``.
 
 ``--agents`` (64) concurrent agents each run one tool episode of ``--turns``
 (32) turns against a fresh session server and ``--workers`` (2) fresh emulator
@@ -9,7 +10,10 @@ processes, once per configuration and repeat:
   server calls the worker's ``/parse_function_call`` after every answer; the
   emulator answers without reasoning, so no ``--reasoning-parser``);
 - ``delta``: the same with ``--kv-sessions delta`` (each later turn sends
-  only the ids the worker does not hold, over SGLang sessions).
+  only the ids the worker does not hold, over SGLang sessions);
+- ``vllm``: ``--engine vllm --tool-call-parser hermes`` against vLLM
+  emulators (``--engine vllm --enable-scale-out --tool-call-parser hermes``):
+  one ``/inference/v1/generate`` per turn, parsed by the worker.
 
 Server and workers render with the bundled ``qwen3`` template
 (``--chat-template qwen3`` on both), which writes the tools into the prompt,
@@ -31,9 +35,9 @@ median and range are reported, and the CPU ratio to ``chat`` is paired
 within each repeat. The emulator simulates no latency: every number is CPU
 and loopback on the shared cores.
 
-Targets: ``generate`` server CPU per turn ≤ 1.1× ``chat``; ``delta`` ≥ 10×
-fewer bytes sent to the workers at turn 32 than ``generate`` (parse routes
-included).
+Targets: ``generate`` and ``vllm`` server CPU per turn ≤ 1.1× ``chat``;
+``delta`` ≥ 10× fewer bytes sent to the workers at turn 32 than
+``generate`` (parse routes included).
 
     python benches/engines.py
     python benches/engines.py --agents 16 --turns 8 --repeats 1
@@ -81,9 +85,17 @@ CONFIGS: dict[str, list[str]] = {
     "chat": ["--engine", "sglang-chat"],
     "generate": GENERATE,
     "delta": [*GENERATE, "--kv-sessions", "delta"],
+    "vllm": ["--engine", "vllm", "--tool-call-parser", "hermes"],
 }
-MAIN_ROUTES = ("/v1/chat/completions", "/generate")
-PARSE_ROUTES = ("/parse_function_call", "/separate_reasoning")
+# The workers each configuration runs against (SGLang emulators unless named).
+WORKER_FLAGS: dict[str, list[str]] = {
+    "vllm": [
+        *("--engine", "vllm", "--enable-scale-out"),
+        *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+    ],
+}
+MAIN_ROUTES = ("/v1/chat/completions", "/generate", "/inference/v1/generate")
+PARSE_ROUTES = ("/parse_function_call", "/separate_reasoning", "/v1/chat/completions/render")
 SESSION_ROUTES = ("/open_session", "/close_session")
 _COUNTS_PATH = "/_bench/counts"
 _RESULT_WORDS = (40, 80, 150, 250, 400)
@@ -288,7 +300,7 @@ async def warm_up(server: str, args: argparse.Namespace) -> None:
 
 
 async def run_config(name: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
-    emulator_flags = [*TEMPLATE, "--record-limit", "0", "--seed", "0"]
+    emulator_flags = [*TEMPLATE, "--record-limit", "0", "--seed", "0", *WORKER_FLAGS.get(name, [])]
     specs = [(f"worker{i}", emulator_command(*emulator_flags)) for i in range(args.workers)]
     async with children(specs) as workers:
         proxy_specs = [
@@ -498,7 +510,10 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = bench_parser(__doc__)
     parser.add_argument(
-        "--configs", type=lambda s: s.split(","), default=list(CONFIGS), help="chat,generate,delta"
+        "--configs",
+        type=lambda s: s.split(","),
+        default=list(CONFIGS),
+        help="chat,generate,delta,vllm",
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--agents", type=int, default=64)

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .engines.dialect import SGLANG_WORKERS
 from .engines.kv_sessions import (
     DELTA_NEEDS_GENERATE,
     KV_MODES,
@@ -24,6 +25,8 @@ from .engines.placement import PLACEMENTS
 from .engines.pool import PoolOptions
 from .engines.served_model import UPSTREAM_MODEL_AGENT, UPSTREAM_MODEL_SERVED
 from .engines.sglang_generate.parsers import Parsers
+from .engines.vllm.parsers import VllmParsers
+from .engines.vllm.worker import VLLM_WORKERS
 from .engines.worker_urls import WorkerHosts, worker_url
 from .prompt.messages import KNOWN_ROLES
 from .session.segments import OnDivergence, PromptMode
@@ -113,11 +116,13 @@ class Settings:
     circuit_successes: int = 2
     circuit_open_s: float = 30.0
     # The inference engine behind the seam (docs/engines.md): sglang-chat
-    # (SGLang's chat route parses and samples) or sglang-generate (SGLang's
-    # /generate, the chat route's translation reproduced here).
+    # (SGLang's chat route parses and samples), sglang-generate (SGLang's
+    # /generate, the chat route's translation reproduced here) or vllm
+    # (vLLM's /inference/v1/generate, its chat route's translation reproduced).
     engine: str = "sglang-chat"
-    # sglang-generate: the workers' --tool-call-parser / --reasoning-parser
-    # (SGLang's names), asked on the worker after each answer.
+    # sglang-generate and vllm: the workers' --tool-call-parser /
+    # --reasoning-parser (the engine's own names): what the translation
+    # must reproduce of them, and which parsers parse on the worker.
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     # Worker-side KV sessions (kv_sessions.KvMode, docs/kv-sessions.md): off,
@@ -235,16 +240,17 @@ class Settings:
             raise ValueError("max_rollback_turns must be >= 0")
         if self.on_divergence not in ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}")
-        if self.engine == "vllm":
-            raise ValueError("engine 'vllm' is not available yet (docs/engines.md)")
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
         if self.engine == "sglang-generate":
             Parsers(self.tool_call_parser, self.reasoning_parser)  # ValueError: not reproduced
+        elif self.engine == "vllm":
+            VllmParsers(self.tool_call_parser, self.reasoning_parser)  # ValueError: not reproduced
         elif self.tool_call_parser or self.reasoning_parser:
             raise ValueError(
-                "tool_call_parser and reasoning_parser are for --engine sglang-generate; with "
-                "sglang-chat the workers parse with their own --tool-call-parser/--reasoning-parser"
+                "tool_call_parser and reasoning_parser are for --engine sglang-generate and "
+                "vllm; with sglang-chat the workers parse with their own "
+                "--tool-call-parser/--reasoning-parser"
             )
         if self.kv_sessions == "stream":
             raise ValueError(STREAM_REFUSED)
@@ -252,6 +258,12 @@ class Settings:
             raise ValueError(f"kv_sessions must be one of {', '.join(KV_MODES)}")
         if self.kv_sessions == KvMode.DELTA.value and self.engine != "sglang-generate":
             raise ValueError(DELTA_NEEDS_GENERATE)
+        if self.engine == "vllm" and self.kv_sessions != KvMode.OFF.value:
+            raise ValueError(
+                "kv_sessions is SGLang's (session ids in its radix cache, its sessions); "
+                "--engine vllm keeps a session on one worker by placement and sends "
+                "X-Session-ID for a router (docs/engines.md#what-each-engine-supports)"
+            )
         if self.default_priority is not None and not is_priority(self.default_priority):
             raise ValueError(PRIORITY_RANGE)
         if self.prompt_mode not in PROMPT_MODES:
@@ -291,6 +303,11 @@ class Settings:
         return Parsers(self.tool_call_parser, self.reasoning_parser)
 
     @property
+    def vllm_parsers(self) -> VllmParsers:
+        """The vllm engine's workers' parsers (validated on construction)."""
+        return VllmParsers(self.tool_call_parser, self.reasoning_parser)
+
+    @property
     def sends_session_hints(self) -> bool:
         """--kv-sessions hint: each turn names its session to the worker."""
         return self.kv_sessions == KvMode.HINT.value
@@ -325,6 +342,7 @@ class Settings:
             max_answer_bytes=self.max_answer_bytes,
             sends_session_hints=self.sends_session_hints,
             fixed_upstream_model=self.fixed_upstream_model,
+            dialect=VLLM_WORKERS if self.engine == "vllm" else SGLANG_WORKERS,
         )
 
     def turn_policy(self, in_place_roles: frozenset[str] = frozenset()) -> TurnPolicy:

@@ -1,14 +1,16 @@
-"""``serve --demo``'s workers: SGLang emulators started in-process.
+"""``serve --demo``'s workers: SGLang or vLLM emulators started in-process.
 
 The only module of `cli` that imports `rollout_session.testing` (the
 emulator), and only when workers start, so importing this module costs
 nothing; `cli.main` and the fleets pass `start_demo_workers` to
 `cli.run.run_server` when the settings ask for a demo.
 
-An emulator serves every SGLang route at once (its chat route, ``/generate``
-and the parse routes), so the demo runs under either ``--engine``. With
-``sglang-generate`` and no parser named, the demo names the parsers a worker
-serving its chat template would be launched with (`demo_parsers`).
+An SGLang emulator serves every SGLang route at once (its chat route,
+``/generate`` and the parse routes), so the demo runs under either SGLang
+``--engine``; ``--engine vllm`` gets vLLM emulators (``--enable-scale-out``).
+With ``sglang-generate`` or ``vllm`` and no parser named, the demo names the
+parsers a worker serving its chat template would be launched with
+(`demo_parsers`), and launches its vLLM workers with them.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ __all__ = ["demo_parsers", "start_demo_workers"]
 
 _log = logging.getLogger("rollout_session")
 
-# SGLang's parser names for the bundled templates: built-in template →
-# (--tool-call-parser, --reasoning-parser when the demo answers with
-# reasoning). Both write Qwen's `<tool_call>` JSON; only qwen3 renders
+# Each engine's parser names for the bundled templates: engine → built-in
+# template → (--tool-call-parser, --reasoning-parser when the demo answers
+# with reasoning). Both write Qwen's `<tool_call>` JSON; only qwen3 renders
 # reasoning (a `<think>` block), so ChatML's demo answers never carry one.
-_TEMPLATE_PARSERS: Final = {"chatml": ("qwen25", None), "qwen3": ("qwen25", "qwen3")}
+_TEMPLATE_PARSERS: Final = {
+    "sglang-generate": {"chatml": ("qwen25", None), "qwen3": ("qwen25", "qwen3")},
+    "vllm": {"chatml": ("hermes", None), "qwen3": ("hermes", "qwen3")},
+}
 
 
 def _builtin_name(template: str) -> str | None:
@@ -40,29 +45,29 @@ def _builtin_name(template: str) -> str | None:
 
 def demo_parsers(settings: Settings, template: str | None) -> Settings:
     """`settings`, with the parsers of the demo's chat template (`template`:
-    its text, None when unknown) when the engine is ``sglang-generate`` and
-    none was named; logged. A template the demo does not know gets none, and
-    a warning: its answers then come back unparsed."""
-    if (
-        settings.engine != "sglang-generate"
-        or settings.tool_call_parser
-        or settings.reasoning_parser
-    ):
+    its text, None when unknown) when the engine names its workers' parsers
+    (``sglang-generate``, ``vllm``) and none was named; logged. A template
+    the demo does not know gets none, and a warning: its answers then come
+    back unparsed (and vLLM refuses tools)."""
+    known = _TEMPLATE_PARSERS.get(settings.engine)
+    if known is None or settings.tool_call_parser or settings.reasoning_parser:
         return settings
     name = None if template is None else _builtin_name(template)
     if name is None:
         _log.warning(
-            "serve --demo --engine sglang-generate: no SGLang parsers known for this chat "
-            "template; tool calls and reasoning come back as text unless --tool-call-parser "
-            "and --reasoning-parser name them"
+            "serve --demo --engine %s: no parsers known for this chat template; tool calls "
+            "and reasoning come back as text unless --tool-call-parser and "
+            "--reasoning-parser name them",
+            settings.engine,
         )
         return settings
-    tool_call, reasoning = _TEMPLATE_PARSERS[name]
+    tool_call, reasoning = known[name]
     if not settings.demo_reasoning:
         reasoning = None
     _log.info(
-        "demo: --engine sglang-generate with --tool-call-parser %s and --reasoning-parser %s "
-        "(SGLang's names for the %s chat template%s)",
+        "demo: --engine %s with --tool-call-parser %s and --reasoning-parser %s "
+        "(the engine's names for the %s chat template%s)",
+        settings.engine,
         tool_call,
         reasoning or "none",
         name,
@@ -82,9 +87,9 @@ def _tokenizer_template(tokenizer: str) -> str | None:
 async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
     """Emulator workers speaking the served tokenizer and template (the
     bundled test tokenizer and its ChatML template unless given); the
-    settings with their URLs added (and, for ``sglang-generate``, the
-    template's parsers: `demo_parsers`). Without the ``demo`` extra, exits
-    naming it."""
+    settings with their URLs added (and, for ``sglang-generate`` and
+    ``vllm``, the template's parsers: `demo_parsers`). Without the ``demo``
+    extra, exits naming it."""
     try:
         from ..testing.emulator_app import start_emulator
         from ..testing.emulator_config import EmulatorConfig
@@ -99,14 +104,23 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
     template = read_chat_template(settings.chat_template) if settings.chat_template else None
     settings = demo_parsers(settings, template or _tokenizer_template(tokenizer))
     urls = list(settings.workers)
+    vllm = settings.engine == "vllm"
     for i in range(settings.demo_workers):
         config = EmulatorConfig(
             seed=i,
             tokenizer_path=Path(tokenizer),
             chat_template=template,
             reasoning=settings.demo_reasoning,
+            # vLLM's workers: the token-in/token-out route on, the parsers the
+            # server was told they run, no routed experts (vLLM's default).
+            engine="vllm" if vllm else "sglang",
+            enable_scale_out=vllm,
+            tool_call_parser=settings.tool_call_parser if vllm else None,
+            reasoning_parser=settings.reasoning_parser if vllm else None,
+            return_routed_experts=not vllm or settings.routed_experts,
         )
         running, _ = await start_emulator(nursery, config, host="127.0.0.1")
-        print(f"demo SGLang emulator worker {i} on {running.url}", flush=True)
+        kind = "vLLM" if vllm else "SGLang"
+        print(f"demo {kind} emulator worker {i} on {running.url}", flush=True)
         urls.append(running.url)
     return replace(settings, workers=tuple(urls), tokenizer=tokenizer)

@@ -103,20 +103,21 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "--engine",
         "engine",
         str,
-        "sglang-chat (SGLang's chat route) or sglang-generate (its /generate, the chat "
-        "route's translation reproduced; docs/engines.md)",
+        "sglang-chat (SGLang's chat route), sglang-generate (its /generate, the chat "
+        "route's translation reproduced) or vllm (vLLM's /inference/v1/generate; "
+        "docs/engines.md)",
     ),
     (
         "--tool-call-parser",
         "tool_call_parser",
         str,
-        "sglang-generate: the workers' --tool-call-parser (SGLang's name)",
+        "sglang-generate, vllm: the workers' --tool-call-parser (the engine's name)",
     ),
     (
         "--reasoning-parser",
         "reasoning_parser",
         str,
-        "sglang-generate: the workers' --reasoning-parser (SGLang's name)",
+        "sglang-generate, vllm: the workers' --reasoning-parser (the engine's name)",
     ),
     (
         "--kv-sessions",

@@ -3,7 +3,9 @@
 Owns: the engine seam (`base`: `Engine`, `EngineRequest`, `Completion`,
 `Refusal`), one package per engine (`sglang_chat`: SGLang's chat route with
 ``input_ids``; `sglang_generate`: SGLang's native ``/generate``, parsed by
-SGLang's parsers on the worker, with delta-sync), the worker pool
+SGLang's parsers on the worker, with delta-sync; `vllm`: vLLM's
+``/inference/v1/generate``, parsed by vLLM in the same call), how the pool
+speaks to each engine's workers (`dialect`), the worker pool
 (membership, admission, health, circuit breaker, sticky placement,
 failover: `pool`, `placement`), HTTP to a
 worker (`upstream`), worker URLs and the allow-list, the served model,
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from .pool import PoolOptions, WorkerPool
     from .sglang_chat.engine import SGLangChatEngine
     from .sglang_generate.engine import SGLangGenerateEngine
+    from .vllm.engine import VllmEngine
 
 __all__ = [
     "Completion",
@@ -33,6 +36,7 @@ __all__ = [
     "Refusal",
     "SGLangChatEngine",
     "SGLangGenerateEngine",
+    "VllmEngine",
     "WorkerPool",
 ]
 
@@ -45,6 +49,7 @@ _HOME = {
     "WorkerPool": ".pool",
     "SGLangChatEngine": ".sglang_chat.engine",
     "SGLangGenerateEngine": ".sglang_generate.engine",
+    "VllmEngine": ".vllm.engine",
 }
 
 __getattr__, __dir__ = lazy_attributes(__name__, _HOME, __all__)

@@ -11,7 +11,8 @@ not draining. Two independent judgements, each with its own state:
 - **Health** (`Health`), from probes every ``health_interval_s``. A worker
   joins (configured or ``POST /workers``) as ``JOINING`` and is admitted
   once it passes an admission check: ``GET /health`` answers 200 and
-  ``/get_model_info`` + ``/v1/models`` answer as SGLang does for a
+  what it serves reads as its engine's worker (`dialect`: SGLang's
+  ``/get_model_info`` + ``/v1/models``, vLLM's ``/v1/models``) for a
   generation model that lists the served model (the one learned from the
   first worker, in pool order, that passed). A healthy worker is probed with
   ``GET /health``: ``unhealthy_after`` failures in a row make it unhealthy;
@@ -21,7 +22,7 @@ not draining. Two independent judgements, each with its own state:
   turns in a row — transport errors, 5xx answers, answers over
   ``--max-answer-mb``, and answers that fail validation (the engine calls
   `report_failure`) — open it. After ``circuit_open_s`` it is half-open:
-  the pool itself sends one-token chat probes (agents' turns never test a
+  the pool itself sends one-token probes (its dialect's) (agents' turns never test a
   worker) until ``circuit_successes`` in a row close it or one failure
   reopens it. Timeouts and 4xx answers count neither way: a long generation
   is not a dead worker, and a 4xx is the request's fault.
@@ -59,8 +60,8 @@ from ..errors import (
     WorkerNotFound,
 )
 from .base import EngineSession
+from .dialect import SGLANG_WORKERS, WorkerDialect
 from .placement import make_placement
-from .sglang_chat.answer import parse_worker_answer
 from .upstream import (
     CHAT_PATH,
     PROBE_SESSION,
@@ -68,8 +69,6 @@ from .upstream import (
     NotSent,
     UpstreamReply,
     WorkerClient,
-    chat_probe_body,
-    fetch_model_info,
     post_chat,
 )
 from .worker_urls import WorkerHosts, parse_worker_url, worker_url
@@ -100,11 +99,7 @@ class PoolOptions:
     max_answer_bytes: int
     sends_session_hints: bool  # --kv-sessions hint
     fixed_upstream_model: str | None  # --upstream-model NAME (not a keyword)
-
-
-# The chat probe's answer is checked like a turn's, but the pool does not
-# know the vocabulary: any non-negative id passes.
-_ANY_VOCAB = 2**31 - 1
+    dialect: WorkerDialect = SGLANG_WORKERS  # the workers' engine (--engine)
 
 
 class Health(enum.Enum):
@@ -447,6 +442,7 @@ class WorkerPool:
                 options.upstream_timeout_s,
                 options.max_answer_bytes,
                 path,
+                options.dialect.session_headers,
             )
         except (NotSent, UpstreamError, UpstreamMalformed) as exc:
             # UpstreamTimeout is not caught here: slowness is not death.
@@ -559,14 +555,16 @@ class WorkerPool:
             reply = await post_chat(
                 worker.client,
                 PROBE_SESSION,
-                chat_probe_body(model),
+                options.dialect.probe_body(model),
                 options.upstream_timeout_s,
                 options.max_answer_bytes,
+                options.dialect.probe_path,
+                options.dialect.session_headers,
             )
             if reply.status != 200:
                 reason = f"chat probe answered {reply.status}"
             else:
-                parse_worker_answer(reply.body, sent_prompt_tokens=1, vocab_size=_ANY_VOCAB)
+                options.dialect.check_probe(reply.body)
         except (NotSent, UpstreamError, UpstreamMalformed, UpstreamTimeout) as exc:
             reason = f"chat probe: {exc}"
         finally:
@@ -666,7 +664,7 @@ class WorkerPool:
             # Two small GETs: a probe's budget each, plus connecting.
             deadline = options.connect_timeout_s + 2 * options.health_timeout_s
             try:
-                found[worker] = await fetch_model_info(worker.client, deadline)
+                found[worker] = await options.dialect.read_model(worker.client, deadline)
             except UpstreamError as exc:
                 found[worker] = str(exc)
         worker.last_checked_at = self._clock()

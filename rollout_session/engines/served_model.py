@@ -52,8 +52,12 @@ class ServedModel:
         if setting == UPSTREAM_MODEL_SERVED:
             name = self.name
             # SGLang's "served:adapter" names a LoRA adapter of the served
-            # model: kept, so the adapter is not silently dropped.
+            # model, and vLLM lists its adapters by name: kept, so the
+            # adapter is not silently dropped.
             if name and isinstance(asked, str) and asked.startswith(f"{name}:"):
+                return asked
+            info = self.info
+            if info is not None and isinstance(asked, str) and asked in info.models:
                 return asked
             # A gateway routes on it: any other name finds no worker there.
             return name

@@ -36,6 +36,7 @@ __all__ = [
     "CHAT_PATH",
     "PROBE_SESSION",
     "ROUTED_WORKER_HEADER",
+    "TRANSPORT_ERRORS",
     "AnswerTooLarge",
     "Exchange",
     "ModelInfo",
@@ -45,6 +46,7 @@ __all__ = [
     "chat_probe_body",
     "fetch_model_info",
     "forwardable_headers",
+    "get_json",
     "post_chat",
     "routed_worker",
 ]
@@ -87,7 +89,7 @@ _MAX_CARD_BYTES = 1 << 20
 PROBE_SESSION = "rollout-session-probe"
 # Transport failures after a connection was made (ConnectError is a
 # NetworkError and ConnectTimeout a TimeoutException: caught before these).
-_TRANSPORT_ERRORS = (
+TRANSPORT_ERRORS = (
     httpcore.NetworkError,
     httpcore.ProtocolError,
     httpcore.ProxyError,
@@ -417,11 +419,14 @@ async def post_chat(
     timeout_s: float,
     max_bytes: int,
     path: str = CHAT_PATH,
+    session_headers: tuple[bytes, ...] = (b"x-smg-routing-key",),
 ) -> UpstreamReply:
-    """POST one turn's request (the chat route unless `path` says which)."""
+    """POST one turn's request (the chat route unless `path` says which),
+    its session id in each of `session_headers` (a router in front keeps the
+    session sticky by them; workers ignore them)."""
     url = client.base_url
-    # Keeps an sgl-model-gateway upstream sticky too; SGLang ignores it.
-    headers = [*_CHAT_HEADERS, (b"x-smg-routing-key", session_id.encode())]
+    session = session_id.encode()
+    headers = [*_CHAT_HEADERS, *((name, session) for name in session_headers)]
     started = time.perf_counter()
     try:
         with trio.fail_after(timeout_s):
@@ -432,7 +437,7 @@ async def post_chat(
     except (trio.TooSlowError, httpcore.TimeoutException):
         logger.warning("worker %s did not answer within %g s", url, timeout_s)
         raise UpstreamTimeout(f"the worker did not answer within {timeout_s:g} s") from None
-    except _TRANSPORT_ERRORS as exc:
+    except TRANSPORT_ERRORS as exc:
         logger.warning("transport error talking to worker %s: %s: %s", url, type(exc).__name__, exc)
         raise UpstreamError(
             f"transport error talking to the worker: {type(exc).__name__}"
@@ -471,7 +476,8 @@ def chat_probe_body(model: str) -> bytes:
     )
 
 
-async def _get_json(client: WorkerClient, path: str) -> dict[str, Any]:
+async def get_json(client: WorkerClient, path: str) -> dict[str, Any]:
+    """A small JSON object a worker serves (a model card); `UpstreamError` otherwise."""
     try:
         response = await client.request(b"GET", path, list(_GET_HEADERS), max_bytes=_MAX_CARD_BYTES)
     except AnswerTooLarge:
@@ -494,13 +500,13 @@ async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo
     SGLang's answers for a generation model."""
     try:
         with trio.fail_after(deadline_s):
-            info = await _get_json(client, "/get_model_info")
-            models = await _get_json(client, "/v1/models")
+            info = await get_json(client, "/get_model_info")
+            models = await get_json(client, "/v1/models")
     except trio.TooSlowError:
         raise UpstreamError(
             f"cannot read model info from the worker: no answer within {deadline_s:g} s"
         ) from None
-    except (UpstreamError, httpcore.TimeoutException, *_TRANSPORT_ERRORS) as exc:
+    except (UpstreamError, httpcore.TimeoutException, *TRANSPORT_ERRORS) as exc:
         raise UpstreamError(f"cannot read model info from the worker: {exc}") from None
     model_path = info.get("model_path")
     if not isinstance(model_path, str) or not model_path:

@@ -27,6 +27,8 @@ from ..engines.sglang_chat.engine import SGLangChatEngine
 from ..engines.sglang_generate import SGLangGenerateEngine
 from ..engines.sglang_generate.delta import RemoteSessions
 from ..engines.sglang_generate.request import GenerateOptions, model_options
+from ..engines.vllm import VllmEngine, VllmOptions
+from ..engines.vllm import model_options as vllm_model_options
 from ..errors import NoHealthyWorker, UpstreamError
 from ..prompt.check import Outcome, check_template, in_place_roles, startup_problems
 from ..prompt.tokenizer import ChatTokenizer, load_tokenizer
@@ -107,6 +109,8 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
             # A worker reaps an idle session after this; a later turn rebuilds it.
             remote_timeout_s=settings.session_ttl_s,
         )
+    elif settings.engine == "vllm":
+        engine = VllmEngine(pool, validator, model, VllmOptions(settings.vllm_parsers))
     else:
         engine = SGLangChatEngine(
             pool, validator, model, session_hints=settings.sends_session_hints
@@ -145,6 +149,10 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
             # The chat route's generation_config defaults, from the model's files.
             ctx.engine.options = await trio.to_thread.run_sync(
                 model_options, settings.parsers, tokenizer.name_or_path
+            )
+        elif isinstance(ctx.engine, VllmEngine):
+            ctx.engine.options = await trio.to_thread.run_sync(
+                vllm_model_options, settings.vllm_parsers, tokenizer.name_or_path
             )
         in_place_roles = await _check_template(tokenizer, settings)
         ctx.turns = TurnRunner(

@@ -56,9 +56,10 @@ _LISTENING = re.compile(r"rollout-session listening on (http://\S+)")
 # Start-up loads the tokenizer and checks the template: seconds, not minutes.
 _START_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 30.0
-# `serve --engine`: the demo's emulator workers speak every SGLang route, so
-# the same episode runs under each (the demo names sglang-generate's parsers).
-ENGINES = ("sglang-chat", "sglang-generate")
+# `serve --engine`: the demo's SGLang emulator workers speak every SGLang
+# route, and under vllm the demo starts vLLM emulators, so the same episode
+# runs under each (the demo names the parsers of sglang-generate and vllm).
+ENGINES = ("sglang-chat", "sglang-generate", "vllm")
 
 
 def _serve_command() -> list[str]:

@@ -101,7 +101,7 @@ def test_the_engines_are_compared(servers: dict[str, DemoServer]) -> None:
     logprob or a tool call that differs fails the comparison."""
     runs = {engine: _episode(server, dropped_answer=False) for engine, server in servers.items()}
     assert check_same_across_engines("openai", runs) == 4
-    chat, generate = (runs[engine] for engine in ENGINES)
+    chat, generate = (runs[engine] for engine in ENGINES[:2])
     doc = copy.deepcopy(generate[1])
     doc["segments"][0]["logprobs"][-1] -= 0.5
     with pytest.raises(AssertionError, match="segment 0 logprobs differs"):

@@ -1,5 +1,5 @@
-"""`serve --demo` under `--engine sglang-generate`: the parsers it names for
-its chat template (`cli.demo.demo_parsers`), in process."""
+"""`serve --demo` under `--engine sglang-generate` and `--engine vllm`: the
+parsers it names for its chat template (`cli.demo.demo_parsers`), in process."""
 
 from __future__ import annotations
 
@@ -18,23 +18,33 @@ def generate(**changes: Any) -> Settings:
 
 
 @pytest.mark.parametrize(
-    ("template", "reasoning", "expected"),
+    ("engine", "template", "reasoning", "expected"),
     [
-        ("chatml", False, ("qwen25", None)),
+        ("sglang-generate", "chatml", False, ("qwen25", None)),
         # ChatML renders no reasoning: the demo answers without any.
-        ("chatml", True, ("qwen25", None)),
-        ("qwen3", False, ("qwen25", None)),
-        ("qwen3", True, ("qwen25", "qwen3")),
+        ("sglang-generate", "chatml", True, ("qwen25", None)),
+        ("sglang-generate", "qwen3", False, ("qwen25", None)),
+        ("sglang-generate", "qwen3", True, ("qwen25", "qwen3")),
+        ("vllm", "chatml", False, ("hermes", None)),
+        ("vllm", "qwen3", True, ("hermes", "qwen3")),
     ],
-    ids=["chatml", "chatml-reasoning", "qwen3", "qwen3-reasoning"],
+    ids=[
+        "chatml",
+        "chatml-reasoning",
+        "qwen3",
+        "qwen3-reasoning",
+        "vllm-chatml",
+        "vllm-qwen3-reasoning",
+    ],
 )
 def test_the_demo_names_its_templates_parsers(
+    engine: str,
     template: str,
     reasoning: bool,
     expected: tuple[str, str | None],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings = generate(demo_reasoning=reasoning)
+    settings = Settings(demo=True, engine=engine, demo_reasoning=reasoning)
     with caplog.at_level(logging.INFO, logger="rollout_session"):
         chosen = demo_parsers(settings, builtin_template(template))
     assert (chosen.tool_call_parser, chosen.reasoning_parser) == expected
@@ -61,4 +71,4 @@ def test_an_unknown_template_gets_no_parsers_and_a_warning(
     with caplog.at_level(logging.WARNING, logger="rollout_session"):
         assert demo_parsers(settings, "{{ messages }}") is settings
         assert demo_parsers(settings, None) is settings
-    assert caplog.text.count("no SGLang parsers known for this chat template") == 2
+    assert caplog.text.count("no parsers known for this chat template") == 2

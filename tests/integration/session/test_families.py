@@ -143,14 +143,20 @@ async def _episode(
             **options,
         )
         choice = response.choices[0]
-        meta = (choice.model_extra or {})["meta_info"]
+        extra = choice.model_extra or {}
+        # SGLang's answers carry meta_info; the vllm engine's, vLLM's token_ids.
+        sampled = (
+            [entry[1] for entry in extra["meta_info"]["output_token_logprobs"]]
+            if "meta_info" in extra
+            else extra["token_ids"]
+        )
         message = choice.message
         calls = [c.model_dump() for c in message.tool_calls or []]
         reasoning = (message.model_extra or {}).get("reasoning_content")
         episode.turns.append(
             Turn(
                 normalize_messages(messages),
-                [entry[1] for entry in meta["output_token_logprobs"]],
+                sampled,
                 assistant_message(message.content, calls, reasoning),
             )
         )

@@ -1,0 +1,132 @@
+"""How the pool speaks to vLLM workers (`VLLM_WORKERS`).
+
+Admission: ``GET /v1/models`` must list vLLM's model cards (``owned_by``
+"vllm"; the first is the served model, its ``root`` the model's path, which
+holds the tokenizer, and ``max_model_len`` its context), and the
+token-in/token-out route must be on: vLLM answers 403 on
+``/inference/v1/generate`` unless started with ``--enable-scale-out``
+(entrypoints/scale_out/factories.py ``register_scale_out_api_routers``), so
+a worker without it is never admitted. The admission's one-token request is
+the circuit's probe too.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import httpcore
+import orjson
+import trio
+
+from ...errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
+from ..dialect import WorkerDialect
+from ..upstream import (
+    TRANSPORT_ERRORS,
+    ModelInfo,
+    NotSent,
+    WorkerClient,
+    get_json,
+    post_chat,
+)
+from .answer import check_vllm_probe
+
+__all__ = ["GENERATE_PATH", "VLLM_WORKERS", "fetch_vllm_model_info"]
+
+GENERATE_PATH = "/inference/v1/generate"
+# vllm-project/router hashes sessions on X-Session-ID; vLLM passes it to its
+# engine (generate/base/serving.py SESSION_ID_HEADER). smg's key as for SGLang.
+_SESSION_HEADERS = (b"x-smg-routing-key", b"x-session-id")
+# A probe's answer is a few hundred bytes.
+_PROBE_BYTES = 1 << 20
+
+
+def probe_body(model: str) -> bytes:
+    """One greedy token after a one-id prompt, as ids only (the cheapest
+    exchange that proves the route samples and answers in its shape)."""
+    return orjson.dumps(
+        {
+            "request_id": uuid.uuid4().hex,
+            "token_ids": [0],
+            "model": model,
+            "output_mode": "tokens",
+            "stream": False,
+            "sampling_params": {"max_tokens": 1, "temperature": 0.0, "logprobs": 0},
+        }
+    )
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return body[:200].decode("utf-8", "replace")
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else body[:200].decode("utf-8", "replace")
+
+
+async def fetch_vllm_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo:
+    """What a vLLM worker serves, within `deadline_s`; `UpstreamError` unless
+    it is a vLLM worker whose token-in/token-out route answers."""
+    try:
+        with trio.fail_after(deadline_s):
+            models = await get_json(client, "/v1/models")
+            cards = models.get("data")
+            if not (
+                isinstance(cards, list)
+                and cards
+                and all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in cards)
+            ):
+                raise UpstreamError("not a vLLM worker: /v1/models lists no model")
+            base = cards[0]
+            if base.get("owned_by") != "vllm":
+                raise UpstreamError(
+                    f"not a vLLM worker: /v1/models says owned_by {base.get('owned_by')!r}"
+                )
+            reply = await post_chat(
+                client,
+                "rollout-session-probe",
+                probe_body(base["id"]),
+                deadline_s,
+                _PROBE_BYTES,
+                GENERATE_PATH,
+                _SESSION_HEADERS,
+            )
+    except trio.TooSlowError:
+        raise UpstreamError(
+            f"cannot read model info from the worker: no answer within {deadline_s:g} s"
+        ) from None
+    except (NotSent, UpstreamTimeout, httpcore.TimeoutException, *TRANSPORT_ERRORS) as exc:
+        raise UpstreamError(f"cannot read model info from the worker: {exc}") from None
+    if reply.status == 403:
+        raise UpstreamError(
+            f"{GENERATE_PATH} answered 403 ({_error_message(reply.body)}): start vLLM with "
+            "--enable-scale-out"
+        )
+    if reply.status != 200:
+        raise UpstreamError(
+            f"{GENERATE_PATH} answered {reply.status}: {_error_message(reply.body)}"
+        )
+    try:
+        check_vllm_probe(reply.body)
+    except UpstreamMalformed as exc:
+        raise UpstreamError(f"{GENERATE_PATH} answered unlike vLLM: {exc}") from None
+    max_len = base.get("max_model_len")
+    root = base.get("root")
+    return ModelInfo(
+        model=base["id"],
+        tokenizer_path=root if isinstance(root, str) and root else None,
+        max_model_len=max_len
+        if isinstance(max_len, int) and not isinstance(max_len, bool)
+        else None,
+        models=tuple(m["id"] for m in cards),
+    )
+
+
+VLLM_WORKERS = WorkerDialect(
+    name="vllm",
+    read_model=fetch_vllm_model_info,
+    probe_path=GENERATE_PATH,
+    probe_body=probe_body,
+    check_probe=check_vllm_probe,
+    session_headers=_SESSION_HEADERS,
+)
