@@ -1,4 +1,4 @@
-"""Test and demo support: the SGLang emulator and the bundled test tokenizers.
+"""Test and demo support: the emulator (SGLang or vLLM) and the bundled test tokenizers.
 
 Names are imported on first use, so a command that only describes the
 emulator's flags does not load the emulator (transformers, Quart).

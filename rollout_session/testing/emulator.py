@@ -5,7 +5,9 @@ prefix cache, fault picker, SGLang session table, and the counters/records
 tests inspect and wait on), and the handling of one ``/v1/chat/completions``
 or ``/generate`` call (request checks, fault selection, session append, cache
 lookup, latency, recording) and of ``/open_session`` / ``/close_session``,
-independent of HTTP. The
+or, for a vLLM emulator, of ``/inference/v1/generate`` (checks in
+`vllm_generate`, answers in `vllm_answer`) and
+``/inference/v1/abort_requests``, independent of HTTP. The
 Quart app, its routes and `start_emulator` live in `emulator_app`; what the
 model samples and the response JSON in `generation`, the cache model in
 `prefix_cache`, the latency (GPU time) model in `gpu`, errors and injected
@@ -14,11 +16,14 @@ faults in `faults`.
 
 from __future__ import annotations
 
+import json
+import math
 import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, SupportsIndex, overload
 
 import orjson
 import trio
@@ -30,6 +35,7 @@ from rollout_session.prompt.tokenizer import ChatTokenizer, generation_stop_ids
 from rollout_session.testing.emulator_config import EmulatorConfig
 from rollout_session.testing.faults import (
     EARLY_FAULTS,
+    FAULT_HEADER,
     BadRequest,
     FaultPicker,
     Reply,
@@ -37,6 +43,8 @@ from rollout_session.testing.faults import (
     early_fault_reply,
     error_body,
     fault_reply,
+    vllm_early_fault_reply,
+    vllm_fault_reply,
 )
 from rollout_session.testing.generate_params import (
     ToolConstraint,
@@ -60,6 +68,30 @@ from rollout_session.testing.kv_sessions import SessionError, SessionTable, Sess
 from rollout_session.testing.parse_memo import ParseMemo
 from rollout_session.testing.prefix_cache import PrefixCache
 from rollout_session.testing.sglang_answer import chat_response, routed_experts_blob
+from rollout_session.testing.vllm_answer import (
+    Outcome,
+    aborted,
+    derender_message,
+    finish,
+    generate_answer,
+    json_tool_constraint,
+    mark_whole,
+    routed_experts_npy,
+)
+from rollout_session.testing.vllm_generate import (
+    GenerateRequest,
+    VllmError,
+    VllmServer,
+    check_request,
+)
+from rollout_session.testing.vllm_generate import (
+    error_body as vllm_error_body,
+)
+from rollout_session.testing.vllm_render import (
+    ChatTemplate,
+    generation_sampling_defaults,
+    render_chat,
+)
 
 __all__ = ["ChatRecord", "Emulator", "EmulatorConfig"]
 
@@ -70,6 +102,8 @@ _PRIORITY_RANGE = (
 )
 # SamplingParams.max_new_tokens's default (a /generate request without it).
 _GENERATE_MAX_NEW_TOKENS = 128
+# The model's whole answer, whatever the budget (vLLM's route cuts it itself).
+_UNBOUNDED = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -80,10 +114,28 @@ class ChatRecord:
     arrival: float  # trio.current_time()
     fault: str | None
     session_id: str | None
-    route: str = "chat"  # "chat" (/v1/chat/completions) or "generate" (/generate)
+    # "chat" (/v1/chat/completions), "generate" (/generate),
+    # "vllm-generate" (vLLM's /inference/v1/generate; session_id: X-Session-ID)
+    # or "vllm-render" (vLLM's /v1/chat/completions/render; the same).
+    route: str = "chat"
     body_bytes: int = 0  # length of the raw request body
     # Its headers, names lowercased (what a proxy in front passed on).
     headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class RecordLog(deque[ChatRecord]):
+    """The recorded requests, oldest dropped first; a slice is a list."""
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> ChatRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ChatRecord]: ...
+
+    def __getitem__(self, index: SupportsIndex | slice) -> ChatRecord | list[ChatRecord]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        return super().__getitem__(index)
 
 
 def generate_error(message: str, status: int = 400) -> Reply:
@@ -153,7 +205,7 @@ class Emulator:
         )
         self.gpu = GpuModel(self.cache, on_change=self._notify)
         self.faults = FaultPicker(config.fault, config.fault_rate, config.seed)
-        self.requests: deque[ChatRecord] = deque(maxlen=config.record_limit)
+        self.requests = RecordLog(maxlen=config.record_limit)
         self.received = 0
         self.inflight = 0
         self.completed = 0
@@ -175,6 +227,27 @@ class Emulator:
         self.parsed = ParseMemo(self._decode)
         # /parse_function_call and /separate_reasoning calls, and how many were refused.
         self.parse_calls: Counter[str] = Counter()
+        # vLLM: the running /inference/v1/generate requests by engine id
+        # (what /inference/v1/abort_requests aborts), the ids asked to abort,
+        # and how many requests an abort ended.
+        self._vllm_running: dict[str, set[trio.CancelScope]] = {}
+        self.abort_requests: list[str] = []
+        self.aborted = 0
+        self.vllm = VllmServer(
+            model_name=config.model_name,
+            context_length=config.context_length,
+            vocab_size=self.model.vocab_size,
+            tool_call_parser=config.tool_call_parser,
+            reasoning_parser=config.reasoning_parser,
+            generation_max_tokens=_generation_max_tokens(config.tokenizer_path),
+            sampling_defaults=generation_sampling_defaults(config.tokenizer_path),
+        )
+        # What /v1/chat/completions/render renders with (vLLM's HF renderer).
+        self.chat_template = ChatTemplate(
+            self.model.tokenizer, str(self.speaker.template.chat_template)
+        )
+        self._extra_eos = frozenset(generation_stop_ids(config.tokenizer_path) or ())
+        self._token_texts: dict[int, str] = {}
         self._changed = trio.Event()
 
     # -- observability -------------------------------------------------------
@@ -219,6 +292,8 @@ class Emulator:
             "cached_tokens": self.cached_tokens,
             "prefill_tokens": self.prefill_tokens,
             "parse_calls": dict(self.parse_calls),
+            "abort_requests": list(self.abort_requests),
+            "aborted": self.aborted,
             "cache_used_tokens": self.cache.used_tokens,
             "cache_referenced_tokens": self.cache.referenced_tokens,
             "gpu": self.gpu.stats(),
@@ -434,11 +509,17 @@ class Emulator:
         )
 
     def _sample(
-        self, prompt: list[int], seed: int | None, budget: int, constraint: ToolConstraint
+        self,
+        prompt: list[int],
+        seed: int | None,
+        budget: int,
+        constraint: ToolConstraint,
+        *,
+        note: bool = True,
     ) -> Sample:
         """The completion the model samples for `prompt`, on every route:
         what it decides is read from the prompt ids alone (and the tool call
-        a grammar forces). Noted for the parse routes."""
+        a grammar forces). Noted for the parse routes (SGLang's)."""
         cfg = self.config
         reading = self.speaker.read(prompt)
         reasoning = cfg.reasoning and reading.kwargs.get("enable_thinking", True) is not False
@@ -456,7 +537,8 @@ class Emulator:
             )
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
-        self.parsed.note(_text_ids(sample), sample.message)
+        if note:
+            self.parsed.note(_text_ids(sample), sample.message)
         return sample
 
     def _count_work(self, prompt_tokens: int, cached: int) -> None:
@@ -663,6 +745,238 @@ class Emulator:
         text: str = self.model.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         return text
 
+    # -- vLLM: /inference/v1/generate, /inference/v1/abort_requests ---------
+
+    async def handle_vllm_generate(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        """One vLLM ``/inference/v1/generate`` call (``headers`` lowercased),
+        counted as completed or cancelled."""
+        return await self._counted(self._vllm_generate(raw, headers))
+
+    async def handle_vllm_render(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        """One vLLM ``/v1/chat/completions/render`` call (``headers``
+        lowercased), counted as completed or cancelled: the
+        ``GenerateRequest`` vLLM's chat route would sample (`vllm_render`).
+        Recorded with route "vllm-render"; no GPU time, no fault."""
+        return await self._counted(self._vllm_render(raw, headers))
+
+    async def _vllm_render(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        session = headers.get("x-session-id")
+        self.requests.append(
+            ChatRecord(body, trio.current_time(), None, session, "vllm-render", len(raw), headers)
+        )
+        self.received += 1
+        self.bytes_received += len(raw)
+        self._notify()
+        try:
+            answer = render_chat(
+                raw,
+                headers.get("content-type", ""),
+                headers.get("x-request-id"),
+                self.vllm,
+                self.chat_template,
+            )
+        except VllmError as exc:
+            return exc.reply()
+        return Reply(200, orjson.dumps(answer))
+
+    async def _vllm_generate(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        arrival = trio.current_time()
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        try:
+            fault = self.faults.pick(headers.get(FAULT_HEADER.lower()))
+        except ValueError as exc:
+            fault = None
+            early: Reply | None = VllmError(str(exc)).reply()
+        else:
+            early = None
+        session = headers.get("x-session-id")
+        self.requests.append(
+            ChatRecord(body, arrival, fault, session, "vllm-generate", len(raw), headers)
+        )
+        self.received += 1
+        self.bytes_received += len(raw)
+        self._notify()
+        if early is not None:
+            return early
+        if fault is not None:
+            self.faults_injected[fault] += 1
+        if fault in ("http_500", "http_400"):
+            return vllm_early_fault_reply(fault)
+        try:
+            request = check_request(raw, headers.get("content-type", ""), self.vllm)
+            return await self._vllm_serve(request, headers, arrival, fault)
+        except VllmError as exc:
+            return exc.reply()
+
+    async def _vllm_serve(
+        self,
+        request: GenerateRequest,
+        headers: Mapping[str, str],
+        arrival: float,
+        fault: str | None,
+    ) -> Reply:
+        """Sample, cut where vLLM stops, wait the GPU time (abortable), answer."""
+        cfg = self.config
+        s = request.sampling
+        # BaseServing._base_request_id: X-Request-Id wins over the body's id.
+        engine_id = f"generate-tokens-{headers.get('x-request-id') or request.request_id}"
+        prompt = request.token_ids
+        constraint = json_tool_constraint(s.constraint, request.parse_context)
+        try:
+            sample = self._sample(prompt, s.seed, _UNBOUNDED, constraint, note=False)
+        except BadRequest as exc:
+            raise VllmError(str(exc)) from None
+        ended = sample.finish.get("type") == "stop" and isinstance(
+            sample.finish.get("matched"), int
+        )
+        whole_text = self._decode(sample.ids[:-1] if ended else sample.ids, s.skip_special_tokens)
+        outcome = mark_whole(
+            finish(
+                sample.ids,
+                sample.logprobs,
+                ended,
+                s,
+                request.max_tokens,
+                self._decode,
+                self.model.tokenizer.eos_token_id,
+                self._extra_eos,
+            ),
+            whole_text if s.detokenize else "",
+        )
+        if fault == "abort":  # aborted mid-decode: one token short
+            outcome = aborted(outcome, len(outcome.ids) - 1, self._decode, s, whole_text)
+        cached: int | None = None
+        with self._abortable(engine_id) as scope:
+            if fault == "stall":
+                await trio.sleep_forever()
+            cached = await self.gpu.serve(cfg, prompt, outcome.ids, None)
+        if scope.cancelled_caught:  # /inference/v1/abort_requests
+            self.aborted += 1
+            done = 0 if fault == "stall" else self._decoded_so_far(prompt, arrival)
+            outcome = aborted(outcome, min(done, len(outcome.ids) - 1), self._decode, s, whole_text)
+            cached = 0
+        assert cached is not None
+        self._count_work(len(prompt), cached)
+        return self._vllm_reply(request, engine_id, sample.message, outcome, cached, fault)
+
+    def _vllm_reply(
+        self,
+        request: GenerateRequest,
+        engine_id: str,
+        sampled_message: Mapping[str, Any],
+        outcome: Outcome,
+        cached: int,
+        fault: str | None,
+    ) -> Reply:
+        cfg = self.config
+        prompt = request.token_ids
+        context = request.derender_context
+        message = (
+            derender_message(outcome, sampled_message, self.vllm, context)
+            if request.output_mode == "derender"
+            else None
+        )
+        routed = None
+        n = len(outcome.ids)
+        if cfg.return_routed_experts and n:
+            # Rows: positions from routed_experts_prompt_start to the last
+            # forwarded one (the last sampled token is never forwarded).
+            forwarded = (prompt + outcome.ids)[: len(prompt) + n - 1]
+            start = min(request.sampling.routed_experts_prompt_start, len(forwarded))
+            routed = routed_experts_npy(
+                forwarded,
+                start,
+                layers=cfg.routed_experts_layers,
+                top_k=cfg.routed_experts_top_k,
+                num_experts=cfg.routed_experts_num_experts,
+            )
+        answer = generate_answer(
+            request=request,
+            request_id=engine_id,
+            model=cfg.model_name,
+            outcome=outcome,
+            prompt_tokens=len(prompt),
+            cached_tokens=cached if cfg.enable_prompt_tokens_details else None,
+            routed=routed,
+            weight_version=cfg.weight_version,
+            message=message,
+            hide_metadata=context is not None and not context.include_reasoning,
+            token=self._token_text,
+        )
+        if fault is None or fault in ("abort", "stall"):
+            return Reply(200, orjson.dumps(answer))
+        return vllm_fault_reply(fault, answer, self.model.vocab_size)
+
+    def _token_text(self, token: int) -> str:
+        """One token's text in a logprob entry (``tokenizer.decode([id])``), memoised."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = str(self.model.tokenizer.decode([token]))
+        return text
+
+    def _decoded_so_far(self, prompt: Sequence[int], arrival: float) -> int:
+        """Tokens an aborted request had sampled: the decode time its elapsed
+        time paid for after its base latency and prefill (the independent
+        latency model's estimate; 0 when decoding costs nothing)."""
+        cfg = self.config
+        if cfg.decode_s_per_token <= 0:
+            return 0
+        elapsed = trio.current_time() - arrival
+        decode = elapsed - cfg.base_latency_s - cfg.prefill_s_per_token * len(prompt)
+        return max(0, math.floor(decode / cfg.decode_s_per_token))
+
+    @property
+    def vllm_running(self) -> set[str]:
+        """Engine ids (``generate-tokens-<id>``) of the running vLLM generate
+        requests: what /inference/v1/abort_requests can abort now."""
+        return set(self._vllm_running)
+
+    @contextmanager
+    def _abortable(self, engine_id: str) -> Iterator[trio.CancelScope]:
+        """A scope /inference/v1/abort_requests cancels for ``engine_id``."""
+        with trio.CancelScope() as scope:
+            self._vllm_running.setdefault(engine_id, set()).add(scope)
+            self._notify()
+            try:
+                yield scope
+            finally:
+                running = self._vllm_running[engine_id]
+                running.discard(scope)
+                if not running:
+                    del self._vllm_running[engine_id]
+
+    def vllm_abort_requests(self, raw: bytes) -> Reply:
+        """``/inference/v1/abort_requests {request_ids}`` (``api_router.py``
+        ``abort_requests``): 200 with an empty body; every running request
+        whose engine id (``generate-tokens-<id>``) is listed ends with
+        finish_reason "abort" and the tokens it had so far."""
+        try:
+            body: Any = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            message = f"JSON decode error: {exc}"
+            return Reply(400, vllm_error_body(message, "Bad Request", 400))
+        if not isinstance(body, dict):  # `body.get` fails: the app's 500
+            message = f"'{type(body).__name__}' object has no attribute 'get'"
+            return Reply(500, vllm_error_body(message, "InternalServerError", 500))
+        ids = body.get("request_ids")
+        if ids is None:
+            message = "Missing 'request_ids' in request body"
+            return Reply(400, vllm_error_body(message, "Bad Request", 400))
+        wanted = [ids] if isinstance(ids, str) else [i for i in ids if isinstance(i, str)]
+        self.abort_requests.extend(wanted)
+        for engine_id in wanted:
+            for scope in self._vllm_running.get(engine_id, ()):
+                scope.cancel()
+        self._notify()
+        return Reply(200, b"")
+
     # -- /parse_function_call, /separate_reasoning ---------------------------
 
     def parse_function_call(self, raw: bytes) -> Reply:
@@ -696,6 +1010,18 @@ class Emulator:
         ):
             raise BadRequest(f"input_ids must be a non-empty list of ids in [0, {vocab})")
         return ids
+
+
+def _generation_max_tokens(path: Any) -> int | None:
+    """``generation_config.json``'s ``max_new_tokens`` (vLLM's
+    ``get_diff_sampling_param`` default ``max_tokens``), or None."""
+    try:
+        with open(f"{path}/generation_config.json", encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_new_tokens") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _chat_tool_choice(body: dict[str, Any]) -> ToolConstraint:

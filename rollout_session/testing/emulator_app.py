@@ -1,10 +1,13 @@
-"""The emulator's HTTP face: the Quart-Trio app, its SGLang routes, and serving it.
+"""The emulator's HTTP face: the Quart-Trio app, its SGLang or vLLM routes, and serving it.
 
 Owns `create_emulator_app` (one `Emulator` per app, reachable as
 ``app.extensions["emulator"]``), the thin route adapters (SGLang's
 ``/health``, ``/get_model_info``, ``/server_info``, ``/v1/models``, ``/v1/chat/completions``,
 ``/generate``, ``/parse_function_call``, ``/separate_reasoning``, ``/open_session``,
-``/close_session``, plus ``/emulator/stats``) and
+``/close_session``; or, with ``engine="vllm"``, vLLM's ``/health``, ``/version``,
+``/load``, ``/v1/models``, ``/inference/v1/generate``,
+``/inference/v1/abort_requests``, ``/v1/chat/completions/render``; plus
+``/emulator/stats``) and
 `start_emulator`. What a call does is the `Emulator`'s job (`emulator`);
 this module only moves bytes and status codes between it and HTTP.
 """
@@ -23,6 +26,10 @@ from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.faults import FAULT_HEADER, BodyFaultMiddleware, Reply
 from rollout_session.testing.generation import TextModel
+from rollout_session.testing.vllm_generate import error_body as vllm_error_body
+from rollout_session.testing.vllm_generate import random_uuid
+from rollout_session.testing.vllm_names import VLLM_VERSION
+from rollout_session.testing.vllm_render import RENDER_PATH
 
 __all__ = ["SGLANG_VERSION", "create_emulator_app", "start_emulator"]
 
@@ -62,6 +69,19 @@ def create_emulator_app(
     app.config.update(MAX_CONTENT_LENGTH=None, BODY_TIMEOUT=None, RESPONSE_TIMEOUT=None)
     emulator = Emulator(config, model)
     app.extensions["emulator"] = emulator
+    if config.engine == "vllm":
+        _add_vllm_routes(app, emulator)
+    else:
+        _add_sglang_routes(app, emulator)
+    # Quart's documented middleware hook: wrap asgi_app, keep the app object.
+    app.asgi_app = BodyFaultMiddleware(  # type: ignore[method-assign]
+        app.asgi_app, on_endless_end=emulator.note_endless_end
+    )
+    return app
+
+
+def _add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
+    config = emulator.config
 
     async def health() -> Response:
         return _json({})
@@ -149,11 +169,136 @@ def create_emulator_app(
         ("/emulator/stats", stats, "GET"),
     ):
         app.add_url_rule(path, view_func=view, methods=[method])
-    # Quart's documented middleware hook: wrap asgi_app, keep the app object.
-    app.asgi_app = BodyFaultMiddleware(  # type: ignore[method-assign]
-        app.asgi_app, on_endless_end=emulator.note_endless_end
+
+
+# vLLM's scale-out paths (`entrypoints/scale_out/factories.py`
+# `register_scale_out_api_routers`): /render, /derender and the token routes.
+_SCALE_OUT_MESSAGE = (
+    "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+)
+_RENDER_PATHS = (
+    "/v1/chat/completions/render",
+    "/v1/messages/render",
+    "/v1/completions/render",
+    "/v1/responses/render",
+    "/v1/chat/completions/derender",
+    "/v1/completions/derender",
+)
+# vLLM routes a session server could call that the emulator does not serve.
+_UNMODELLED_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+def _vllm_error(message: str, type_: str, code: int) -> Response:
+    return Response(
+        vllm_error_body(message, type_, code), status=code, content_type="application/json"
     )
-    return app
+
+
+def _add_vllm_routes(app: QuartTrio, emulator: Emulator) -> None:
+    """vLLM 0.33's routes (and nothing of SGLang's): a session server that
+    speaks SGLang to this worker fails."""
+    config = emulator.config
+
+    async def health() -> Response:
+        # entrypoints/serve/instrumentator/health.py: 200, empty body.
+        return Response(b"", 200)
+
+    async def version() -> Response:
+        return _json({"version": VLLM_VERSION})
+
+    async def load() -> Response:
+        # entrypoints/serve/instrumentator/basic.py: 0 without
+        # --enable-server-load-tracking (off by default).
+        return _json({"server_load": 0})
+
+    async def models() -> Response:
+        # entrypoints/openai/models/serving.py show_available_models; root is
+        # the model path (the tokenizer directory: the session server loads
+        # the tokenizer from it).
+        now = int(time.time())
+        permission = {
+            "id": f"modelperm-{random_uuid()}",
+            "object": "model_permission",
+            "created": now,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
+        card = {
+            "id": config.model_name,
+            "object": "model",
+            "created": now,
+            "owned_by": "vllm",
+            "root": str(config.tokenizer_path),
+            "parent": None,
+            "max_model_len": config.context_length,
+            "permission": [permission],
+        }
+        return _json({"object": "list", "data": [card]})
+
+    async def generate() -> Response:
+        raw = await _raw_body()
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        return _reply(await emulator.handle_vllm_generate(raw, headers))
+
+    async def render() -> Response:
+        raw = await _raw_body()
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        return _reply(await emulator.handle_vllm_render(raw, headers))
+
+    async def abort_requests() -> Response:
+        return _reply(emulator.vllm_abort_requests(await _raw_body()))
+
+    async def scale_out_disabled() -> Response:
+        return _vllm_error(_SCALE_OUT_MESSAGE, "PermissionDeniedError", 403)
+
+    async def not_served() -> Response:
+        return _vllm_error(
+            f"the emulator does not model vLLM's {request.path}: it serves "
+            f"/inference/v1/generate and {RENDER_PATH}",
+            "NotImplementedError",
+            501,
+        )
+
+    async def stats() -> Response:
+        return _json(emulator.stats())
+
+    routes: list[tuple[str, Any, str]] = [
+        ("/health", health, "GET"),
+        ("/version", version, "GET"),
+        ("/load", load, "GET"),
+        ("/v1/models", models, "GET"),
+        ("/emulator/stats", stats, "GET"),
+        *((path, not_served, "POST") for path in _UNMODELLED_PATHS),
+    ]
+    if config.enable_scale_out:
+        routes += [
+            ("/inference/v1/generate", generate, "POST"),
+            ("/inference/v1/abort_requests", abort_requests, "POST"),
+            (RENDER_PATH, render, "POST"),
+            *((path, not_served, "POST") for path in _RENDER_PATHS if path != RENDER_PATH),
+        ]
+    else:
+        paths = (*_RENDER_PATHS, "/inference/v1/generate", "/inference/v1/abort_requests")
+        routes += [(path, scale_out_disabled, "POST") for path in paths]
+    for path, view, method in routes:
+        app.add_url_rule(path, view_func=view, methods=[method], endpoint=f"{view.__name__}:{path}")
+
+    # FastAPI's (Starlette's) answers for an unknown path or method.
+    async def not_found(_: Exception) -> Response:
+        return Response(b'{"detail":"Not Found"}', 404, content_type="application/json")
+
+    async def not_allowed(_: Exception) -> Response:
+        return Response(b'{"detail":"Method Not Allowed"}', 405, content_type="application/json")
+
+    app.register_error_handler(404, not_found)
+    app.register_error_handler(405, not_allowed)
 
 
 async def start_emulator(

@@ -1,4 +1,4 @@
-"""Command line of the SGLang emulator (wired as ``rollout-session emulator``).
+"""Command line of the emulator (wired as ``rollout-session emulator``): SGLang or vLLM.
 
 Owns the flags (one per `EmulatorConfig` field, defaults taken from it), their
 translation into a config, and running one emulator on hypercorn until
@@ -16,23 +16,19 @@ from typing import Any
 
 import trio
 
-from rollout_session.testing.emulator_config import EmulatorConfig
+from rollout_session.testing.emulator_config import ENGINES, EmulatorConfig
 from rollout_session.testing.faults import FAULTS
 from rollout_session.testing.tokenizer import BUILTIN_TEMPLATES
+from rollout_session.testing.vllm_names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
 
 __all__ = ["ENGINES", "add_arguments", "config_from_args", "run"]
 
-# The engines the emulator speaks (`--engine`). SGLang serves every route at
-# once (its chat route, /generate, the parse and session routes), so the flag
-# names the engine only; a vLLM emulator is not built yet.
-ENGINES = ("sglang",)
+# `--engine`: SGLang serves every route of it at once (its chat route,
+# /generate, the parse and session routes); vLLM its token-in/token-out
+# route (/inference/v1/generate) with its server flags below.
 
 
 def _engine(value: str) -> str:
-    if value == "vllm":
-        raise argparse.ArgumentTypeError(
-            "engine 'vllm' is not available yet: the emulator speaks SGLang only"
-        )
     if value not in ENGINES:
         raise argparse.ArgumentTypeError(f"engine must be one of: {', '.join(ENGINES)}")
     return value
@@ -46,10 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         type=_engine,
         default=ENGINES[0],
-        metavar="{sglang}",
+        metavar="{sglang,vllm}",
         help="the inference engine spoken: sglang (default; every SGLang route at once: "
-        "/v1/chat/completions, /generate, the parse and session routes); vllm is not "
-        "available yet",
+        "/v1/chat/completions, /generate, the parse and session routes) or vllm (vLLM "
+        "0.33's /inference/v1/generate, /v1/models, /health, /version)",
     )
     add("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     add("--port", type=int, default=30000, help="port to bind, 0 = any free (default: %(default)s)")
@@ -83,9 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="experts per token and layer in routed_experts")  # fmt: skip
     add("--routed-experts-num-experts", type=int, default=d["routed_experts_num_experts"],
         help="expert ids are in [0, N)")  # fmt: skip
-    add("--fault", choices=FAULTS, help="inject this fault into chat completions")
+    add("--fault", choices=FAULTS, help="inject this fault into completions (chat or generate)")
     add("--fault-rate", type=float, default=d["fault_rate"],
-        help="fraction of chat completions that get --fault (default: %(default)s)")  # fmt: skip
+        help="fraction of completions that get --fault (default: %(default)s)")  # fmt: skip
     add("--weight-version", default=d["weight_version"], help="reported weight_version")
     add(
         "--enable-streaming-session",
@@ -100,6 +96,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--record-limit", type=int, default=d["record_limit"],
         help="chat requests kept for inspection (default: %(default)s)")  # fmt: skip
+    vllm = parser.add_argument_group("vLLM server flags (--engine vllm; vLLM's own names)")
+    vllm.add_argument(
+        "--enable-scale-out",
+        action="store_true",
+        help="serve /inference/v1/generate and /inference/v1/abort_requests (off: 403, as vLLM)",
+    )
+    vllm.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="with --tool-call-parser (each requires the other): derender extracts tool calls",
+    )
+    vllm.add_argument(
+        "--tool-call-parser",
+        choices=sorted(VLLM_TOOL_PARSERS),
+        metavar="NAME",
+        help="vLLM's tool-call parser name (with --enable-auto-tool-choice)",
+    )
+    vllm.add_argument(
+        "--reasoning-parser",
+        choices=sorted(VLLM_REASONING_PARSERS),
+        metavar="NAME",
+        help="vLLM's reasoning parser name: derender splits off the reasoning",
+    )
+    vllm.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage.prompt_tokens_details.cached_tokens in every answer",
+    )
+    vllm.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="routed_experts (base64 .npy) in every answer; vLLM's default is off "
+        "(the SGLang emulator always has them)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
@@ -108,8 +138,26 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
     template = read_chat_template(args.chat_template) if args.chat_template else None
     extra = {} if args.tokenizer is None else {"tokenizer_path": args.tokenizer}
+    # vLLM (entrypoints/common/cli_args.py validate_parsed_serve_args):
+    # --enable-auto-tool-choice requires --tool-call-parser. The emulator
+    # also requires the converse: a tool parser is only ever active with
+    # auto tool choice (parser/parser_manager.py get_tool_parser).
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+    if args.tool_call_parser and not args.enable_auto_tool_choice:
+        raise ValueError(
+            "--tool-call-parser requires --enable-auto-tool-choice (without it vLLM runs "
+            "no tool parser)"
+        )
     return EmulatorConfig(
         **extra,
+        engine=args.engine,
+        enable_scale_out=args.enable_scale_out,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        # None: the engine's default (on for SGLang, off for vLLM).
+        return_routed_experts=True if args.enable_return_routed_experts else None,
         model_name=args.model_name,
         chat_template=template,
         seed=args.seed,
@@ -142,7 +190,8 @@ async def _serve(config: EmulatorConfig, host: str, port: int) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             server, _ = await start_emulator(nursery, config, host=host, port=port)
-            print(f"SGLang emulator listening on {server.url}", flush=True)
+            kind = "vLLM" if config.engine == "vllm" else "SGLang"
+            print(f"{kind} emulator listening on {server.url}", flush=True)
             async for _ in signals:
                 await server.aclose()
                 break

@@ -12,14 +12,21 @@ from pathlib import Path
 
 from rollout_session.testing.faults import FAULTS
 from rollout_session.testing.tokenizer import bundled_tokenizer_path
+from rollout_session.testing.vllm_names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
 
-__all__ = ["EmulatorConfig"]
+__all__ = ["ENGINES", "EmulatorConfig"]
+
+# The engines the emulator speaks: SGLang (every route of it at once) or
+# vLLM (its token-in/token-out route, `vllm_generate`).
+ENGINES = ("sglang", "vllm")
 
 
 @dataclass(frozen=True)
 class EmulatorConfig:
     """Everything an emulator does; latencies in seconds, sizes in tokens."""
 
+    # "sglang" (SGLang's routes) or "vllm" (vLLM 0.33's routes only; docs/emulator.md).
+    engine: str = "sglang"
     tokenizer_path: Path = field(default_factory=bundled_tokenizer_path)
     model_name: str = "rollout-session/emulator"
     # Chat template text used instead of the tokenizer's own (e.g. builtin_template("qwen3")).
@@ -39,8 +46,11 @@ class EmulatorConfig:
     completion_tokens: int | None = None
     # Like SGLang started with --enable-return-routed-experts (a MoE model).
     # False: asked for routed experts, the answer has none, as SGLang's
-    # when the flag is off (its meta_info then lacks the key).
-    return_routed_experts: bool = True
+    # when the flag is off (its meta_info then lacks the key). With vLLM:
+    # its --enable-return-routed-experts (every answer carries them).
+    # None (the default): the engine's own default, on for the SGLang
+    # emulator, off for vLLM's (resolved to a bool on construction).
+    return_routed_experts: bool | None = None
     routed_experts_layers: int = 4
     routed_experts_top_k: int = 2
     routed_experts_num_experts: int = 64
@@ -54,12 +64,28 @@ class EmulatorConfig:
     # requests' session ids reference their KV in the prefix cache, which
     # evicts unreferenced blocks first; without it session ids are ignored.
     enable_session_radix_cache: bool = False
+    # vLLM's --enable-scale-out (off by default, as in vLLM): without it
+    # /inference/v1/generate (and every scale-out path) answers 403.
+    enable_scale_out: bool = False
+    # vLLM's --enable-auto-tool-choice --tool-call-parser NAME (a parser
+    # name vLLM registers); None: no tool parser.
+    tool_call_parser: str | None = None
+    # vLLM's --reasoning-parser NAME; None: no reasoning parser.
+    reasoning_parser: str | None = None
+    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.
+    enable_prompt_tokens_details: bool = False
     # Chat requests kept in `Emulator.requests` (oldest dropped first); long
     # benchmarks keep this small since bodies carry whole prompts.
     record_limit: int = 1000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokenizer_path", Path(self.tokenizer_path))
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        vllm = self.engine == "vllm"
+        if self.return_routed_experts is None:
+            object.__setattr__(self, "return_routed_experts", not vllm)
+        self._check_engine_flags(vllm)
         if not self.model_name:
             raise ValueError("model_name must not be empty")
         for name in ("base_latency_s", "prefill_s_per_token", "decode_s_per_token"):
@@ -80,3 +106,33 @@ class EmulatorConfig:
             raise ValueError(f"unknown fault {self.fault!r}; known: {', '.join(FAULTS)}")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate!r}")
+
+    def _check_engine_flags(self, vllm: bool) -> None:
+        """Each engine's server flags only with that engine; vLLM's parser
+        names as vLLM registers them (``tool_parsers/__init__.py``,
+        ``reasoning/__init__.py``)."""
+        sglang_only = ("enable_streaming_session", "enable_session_radix_cache")
+        vllm_only = (
+            "enable_scale_out",
+            "tool_call_parser",
+            "reasoning_parser",
+            "enable_prompt_tokens_details",
+        )
+        for name in sglang_only if vllm else vllm_only:
+            if getattr(self, name) not in (None, False):
+                other = "sglang" if vllm else "vllm"
+                raise ValueError(f"{name} is a flag of engine {other!r}, not {self.engine!r}")
+        if vllm and self.routed_experts_num_experts > 1 << 16:
+            raise ValueError("routed_experts_num_experts must fit in uint16 (vLLM's dtype)")
+        if self.tool_call_parser is not None and self.tool_call_parser not in VLLM_TOOL_PARSERS:
+            raise ValueError(
+                f"invalid tool call parser: {self.tool_call_parser} "
+                f"(choose from {', '.join(sorted(VLLM_TOOL_PARSERS))})"
+            )
+        if self.reasoning_parser is not None and self.reasoning_parser not in (
+            VLLM_REASONING_PARSERS
+        ):
+            raise ValueError(
+                f"invalid reasoning parser: {self.reasoning_parser} "
+                f"(choose from {', '.join(sorted(VLLM_REASONING_PARSERS))})"
+            )

@@ -1,9 +1,10 @@
-"""Every answer of the emulator's chat route that is not a clean completion.
+"""Every answer of the emulator's completion routes that is not a clean completion.
 
 Owns SGLang's flat error bodies (bad requests, too-long prompts), the fault
 names, which request gets a fault (the ``X-Emulator-Fault`` header, or the
-configured fault at a seeded rate), the broken answer each fault produces,
-and the ASGI middleware that cuts a response mid-body and drops the
+configured fault at a seeded rate), the broken answer each fault produces
+(in SGLang's shapes, and in vLLM's for its generate route), and the ASGI
+middleware that cuts a response mid-body and drops the
 connection, or sends a body that never ends.
 
 Broken bodies are built by serialising the real response with orjson and then
@@ -44,6 +45,8 @@ __all__ = [
     "error_body",
     "fault_reply",
     "faulty_body",
+    "vllm_early_fault_reply",
+    "vllm_fault_reply",
 ]
 
 FAULT_HEADER: Final = "X-Emulator-Fault"
@@ -201,25 +204,32 @@ _EDITS: Final[dict[str, tuple[Callable[[dict[str, Any]], None], bytes | None]]] 
 _PLAIN_FAULTS: Final = frozenset({"malformed_json", "drop_connection", "endless_body"})
 
 
+def _serialise(fault: str, response: dict[str, Any], literal: bytes | None) -> bytes:
+    """The (edited) response's bytes, ``literal`` replacing the placeholder,
+    then the framing faults' cut."""
+    body = orjson.dumps(response)
+    if literal is not None:
+        body = body.replace(f'"{_PLACEHOLDER}"'.encode(), literal)
+    if fault == "malformed_json":
+        return body[: len(body) // 2]
+    if fault == "endless_body":
+        return body[:-1] + b","  # the object stays open; whitespace follows
+    return body
+
+
 def faulty_body(fault: str, response: dict[str, Any], vocab_size: int) -> bytes:
     """Serialise a successful response with a body-level fault applied (mutates it)."""
     if "meta_info" not in response["choices"][0] and fault not in _PLAIN_FAULTS:
         # Every fault but these edits meta_info, which the request did not ask
         # for (SGLang omits it): there is nothing to break.
         return orjson.dumps(response)
+    literal: bytes | None = None
     if fault == "out_of_vocab_id":
         _set_token(vocab_size)(response)
     elif fault in _EDITS:
         edit, literal = _EDITS[fault]
         edit(response)
-        if literal is not None:
-            return orjson.dumps(response).replace(f'"{_PLACEHOLDER}"'.encode(), literal)
-    body = orjson.dumps(response)
-    if fault == "malformed_json":
-        return body[: len(body) // 2]
-    if fault == "endless_body":
-        return body[:-1] + b","  # the object stays open; whitespace follows
-    return body
+    return _serialise(fault, response, literal)
 
 
 async def early_fault_reply(fault: str) -> Reply:
@@ -232,14 +242,104 @@ async def early_fault_reply(fault: str) -> Reply:
     return BadRequest("Bad request (injected by the emulator)").reply()
 
 
-def fault_reply(fault: str, response: dict[str, Any], vocab_size: int) -> Reply:
-    """The answer of a body-level fault, built from the real response (mutates it)."""
-    body = faulty_body(fault, response, vocab_size)
+def _framed(fault: str, body: bytes) -> Reply:
+    """A 200 whose framing the middleware breaks for drop_connection / endless_body."""
     if fault == "drop_connection":
         return Reply(200, body, {DROP_AFTER_HEADER: str(len(body) // 2)})
     if fault == "endless_body":
         return Reply(200, body, {ENDLESS_HEADER: "1"})
     return Reply(200, body)
+
+
+def fault_reply(fault: str, response: dict[str, Any], vocab_size: int) -> Reply:
+    """The answer of a body-level fault, built from the real response (mutates it)."""
+    return _framed(fault, faulty_body(fault, response, vocab_size))
+
+
+# -- vLLM's /inference/v1/generate answers -------------------------------------
+#
+# The same faults in vLLM's shapes (`vllm_answer`): a logprob fault edits
+# choices[0].logprobs.content[0].logprob, a token fault choices[0].token_ids[0],
+# the count faults `usage`, missing_meta_info drops the logprobs ("logprobs":
+# null); `abort` and `stall` are served by the emulator itself (a request
+# aborted mid-decode, one that never ends unless /inference/v1/abort_requests
+# aborts it).
+
+
+def _vllm_logprob(value: Any) -> Callable[[dict[str, Any]], bool]:
+    def edit(response: dict[str, Any]) -> bool:
+        logprobs = response["choices"][0]["logprobs"]
+        if not (logprobs and logprobs.get("content")):
+            return False  # the request asked for no logprobs: nothing to break
+        logprobs["content"][0]["logprob"] = value
+        return True
+
+    return edit
+
+
+def _vllm_token(value: Any) -> Callable[[dict[str, Any]], bool]:
+    def edit(response: dict[str, Any]) -> bool:
+        ids = response["choices"][0]["token_ids"]
+        if not ids:
+            return False  # hidden (include_reasoning false) or empty
+        ids[0] = value
+        return True
+
+    return edit
+
+
+def _vllm_bump(key: str) -> Callable[[dict[str, Any]], bool]:
+    def edit(response: dict[str, Any]) -> bool:
+        response["usage"][key] += 1
+        response["usage"]["total_tokens"] += 1
+        return True
+
+    return edit
+
+
+def _vllm_drop_logprobs(response: dict[str, Any]) -> bool:
+    response["choices"][0]["logprobs"] = None
+    return True
+
+
+_VLLM_EDITS: Final[dict[str, tuple[Callable[[dict[str, Any]], bool], bytes | None]]] = {
+    "nan_logprob": (_vllm_logprob(_PLACEHOLDER), b"NaN"),
+    "infinity_logprob": (_vllm_logprob(_PLACEHOLDER), b"Infinity"),
+    "positive_logprob": (_vllm_logprob(0.5), None),
+    "bool_token_id": (_vllm_token(True), None),
+    "str_token_id": (_vllm_token("123"), None),
+    "float_token_id": (_vllm_token(5.0), None),
+    "length_mismatch": (_vllm_bump("completion_tokens"), None),
+    "prompt_tokens_mismatch": (_vllm_bump("prompt_tokens"), None),
+    "missing_meta_info": (_vllm_drop_logprobs, None),
+}
+
+
+def vllm_early_fault_reply(fault: str) -> Reply:
+    """``http_500`` / ``http_400`` in vLLM's error shape (``ErrorResponse``)."""
+    if fault == "http_500":
+        message, type_, code = (
+            "Internal server error (injected by the emulator)",
+            "InternalServerError",
+            500,
+        )
+    else:
+        message, type_, code = "Bad request (injected by the emulator)", "BadRequestError", 400
+    error = {"message": message, "type": type_, "param": None, "code": code}
+    return Reply(code, orjson.dumps({"error": error}))
+
+
+def vllm_fault_reply(fault: str, response: dict[str, Any], vocab_size: int) -> Reply:
+    """A body-level fault on a vLLM generate answer (mutates it); a fault
+    with nothing to break in this answer leaves it whole."""
+    literal: bytes | None = None
+    if fault == "out_of_vocab_id":
+        _vllm_token(vocab_size)(response)
+    elif fault in _VLLM_EDITS:
+        edit, literal = _VLLM_EDITS[fault]
+        if not edit(response):
+            literal = None
+    return _framed(fault, _serialise(fault, response, literal))
 
 
 class _ConnectionDropped(Exception):

@@ -19,19 +19,20 @@ import numpy as np
 if TYPE_CHECKING:
     from rollout_session.testing.generation import Sample
 
-__all__ = ["chat_response", "routed_experts_blob"]
+__all__ = ["chat_response", "routed_experts", "routed_experts_blob"]
 
 
-def routed_experts_blob(
+def routed_experts(
     token_ids: Sequence[int], start: int, *, layers: int, top_k: int, num_experts: int
-) -> str:
-    """Base64 of little-endian int32 ``(len(token_ids) - start, layers, top_k)``.
+) -> np.ndarray:
+    """Expert ids of shape ``(len(token_ids) - start, layers, top_k)``, in
+    ``[0, num_experts)`` (uint64).
 
     ``token_ids`` are the forwarded positions (prompt + completion minus the
     last sampled token). The expert at (position p, layer, k) is a hash of
-    (token at p, p, layer, k) only, so blobs of consecutive turns with
-    ``start`` = the previous turn's forwarded length concatenate to the blob of
-    the whole sequence.
+    (token at p, p, layer, k) only, so arrays of consecutive turns with
+    ``start`` = the previous turn's forwarded length concatenate to the array
+    of the whole sequence (on every engine).
     """
     ids = np.asarray(token_ids[start:], dtype=np.uint64)
     pos = np.arange(start, len(token_ids), dtype=np.uint64)
@@ -47,7 +48,18 @@ def routed_experts_blob(
     h ^= h >> np.uint64(31)
     h *= np.uint64(0xBF58476D1CE4E5B9)
     h ^= h >> np.uint64(29)
-    experts = (h % np.uint64(num_experts)).astype("<i4")
+    experts: np.ndarray = h % np.uint64(num_experts)
+    return experts
+
+
+def routed_experts_blob(
+    token_ids: Sequence[int], start: int, *, layers: int, top_k: int, num_experts: int
+) -> str:
+    """SGLang's ``routed_experts``: base64 of little-endian int32 of
+    `routed_experts` (shape ``(len(token_ids) - start, layers, top_k)``)."""
+    experts = routed_experts(
+        token_ids, start, layers=layers, top_k=top_k, num_experts=num_experts
+    ).astype("<i4")
     return base64.b64encode(experts.tobytes()).decode("ascii")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 
 import pytest
 import trio
@@ -51,6 +52,20 @@ async def test_upstream_model_decides_the_model_sent(
     assert stack.emulator.requests[-1].body["model"] == sent
     # The export records the model that answered (the worker echoes what it was sent).
     assert (await stack.trajectory(session_id))["model"] == sent
+
+
+async def test_a_model_the_workers_list_is_sent_as_asked(make_stack: StackFactory) -> None:
+    """vLLM lists each LoRA adapter by name in /v1/models: an agent naming one
+    keeps it under the default --upstream-model served (never silently the base)."""
+    stack = await make_stack()
+    pool = stack.ctx.pool
+    await pool.wait_until(lambda: pool.served is not None)
+    assert pool.served is not None
+    pool.served = replace(pool.served, models=(*pool.served.models, "my-adapter"))
+    session_id = await stack.create()
+    response = await stack.chat(session_id, messages=HELLO, model="my-adapter")
+    assert response.status_code == 200, response.text
+    assert stack.emulator.requests[-1].body["model"] == "my-adapter"
 
 
 def test_the_default_sends_the_served_model() -> None:

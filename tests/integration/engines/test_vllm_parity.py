@@ -5,10 +5,10 @@ Each family's episodes (the families suite's patterns) run through
 vLLM emulator launched with the family's vLLM parsers, both with the same
 seed. The emulator samples from the prompt ids alone, so the trajectories
 (ids, logprobs, masks), the finish reasons and what the agent sees
-(content, reasoning, tool calls) must be identical. Where the ``vllm``
-engine refuses a family's parser (start-up) or its tool requests (vLLM
-would constrain them with a structural tag), the test says so by asserting
-the refusal instead.
+(content, reasoning, tool calls) must be identical. GLM's parser has vLLM
+constrain every tool request with a structural tag: those turns take it
+from the worker's ``/v1/chat/completions/render``. Where the ``vllm``
+engine refuses a family's parsers (start-up), the test asserts the refusal.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from rollout_session import Settings, create_app
-from rollout_session.engines.vllm.parsers import TOOL_CALL_PARSERS, VllmParsers
+from rollout_session.engines.vllm.parsers import VllmParsers
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.check import Outcome
 from rollout_session.testing import EmulatorConfig
@@ -46,10 +46,8 @@ REFUSED = [f for f in FAMILIES if not _supported(f)]
 
 
 def _tools_served(family: str) -> bool:
-    """vLLM constrains every tool request of a FUNCTION-level parser with its
-    structural tag (glm45, glm47): the engine refuses them."""
-    tool = _parsers(family)[0]
-    return tool is not None and not TOOL_CALL_PARSERS[tool].function_level
+    """With no tool parser on the worker, vLLM refuses tool requests."""
+    return _parsers(family)[0] is not None
 
 
 async def _servers(nursery: trio.Nursery, family: str) -> tuple[RunningServer, RunningServer]:
