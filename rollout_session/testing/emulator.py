@@ -31,7 +31,7 @@ from transformers import AutoTokenizer
 
 from rollout_session.errors import InvalidRequest
 from rollout_session.prompt.messages import normalize_messages
-from rollout_session.prompt.tokenizer import ChatTokenizer, generation_stop_ids
+from rollout_session.prompt.tokenizer import generation_stop_ids
 from rollout_session.testing.emulator_config import EmulatorConfig
 from rollout_session.testing.faults import (
     EARLY_FAULTS,
@@ -192,10 +192,8 @@ class Emulator:
         self.model = model or TextModel(AutoTokenizer.from_pretrained(str(config.tokenizer_path)))
         self.speaker = Speaker(
             self.model,
-            ChatTokenizer(
-                self.model.tokenizer,
-                config.chat_template,
-                stop_ids=generation_stop_ids(config.tokenizer_path),
+            self.model.chat_tokenizer(
+                config.chat_template, generation_stop_ids(config.tokenizer_path)
             ),
         )
         self.cache = PrefixCache(

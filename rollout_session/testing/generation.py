@@ -109,6 +109,9 @@ class TextModel:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.vocab_size: int = max(tokenizer.get_vocab().values()) + 1
+        # Built once per (template, stop ids): a ChatTokenizer scans the
+        # vocabulary, which emulators sharing this model need not repeat.
+        self._templates: dict[tuple[str | None, tuple[int, ...] | None], ChatTokenizer] = {}
         self.words: tuple[str, ...] = tuple(
             w for w in WORDS if len(self.encode(w)) == 1 and len(self.encode(" " + w)) == 1
         )
@@ -120,6 +123,18 @@ class TextModel:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def chat_tokenizer(
+        self, chat_template: str | None, stop_ids: Sequence[int] | None
+    ) -> ChatTokenizer:
+        """This model's tokenizer speaking `chat_template` (None: its own)."""
+        key = (chat_template, None if stop_ids is None else tuple(stop_ids))
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = ChatTokenizer(
+                self.tokenizer, chat_template, stop_ids=stop_ids
+            )
+        return template
 
     def words_text(self, rng: np.random.Generator, n: int) -> str:
         picks = rng.integers(0, len(self.words), n)

@@ -11,8 +11,8 @@ the episode ends.
 The model's commands are never run: the environment below answers every
 command with a canned observation and submits after a few of them.
 
-Each episode runs under both engines (`--engine sglang-chat` and
-`sglang-generate`): the same answers and the same trajectory.
+Each episode runs under every engine (`--engine sglang-chat`,
+`sglang-generate` and `vllm`): the same answers and the same trajectory.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ handoff switches the system prompt and the tools (a new segment,
 into one summary message. A `Session` with `SessionSettings(limit=…)` and a
 `call_model_input_filter` cut old items from the front.
 
-Each episode runs under both engines (`--engine sglang-chat` and
-`sglang-generate`): the same answers and the same trajectory.
+Each episode runs under every engine (`--engine sglang-chat`,
+`sglang-generate` and `vllm`): the same answers and the same trajectory.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ requests leave that message out again. A history processor (the
 `ProcessHistory` capability) may cut the history. A system prompt part the
 user adds to `message_history` becomes a mid-conversation system message.
 
-Each episode runs under both engines (`--engine sglang-chat` and
-`sglang-generate`): the same answers and the same trajectory.
+Each episode runs under every engine (`--engine sglang-chat`,
+`sglang-generate` and `vllm`): the same answers and the same trajectory.
 """
 
 from __future__ import annotations

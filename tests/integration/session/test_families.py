@@ -143,12 +143,12 @@ async def _episode(
             **options,
         )
         choice = response.choices[0]
-        extra = choice.model_extra or {}
+        fields = choice.model_extra or {}
         # SGLang's answers carry meta_info; the vllm engine's, vLLM's token_ids.
         sampled = (
-            [entry[1] for entry in extra["meta_info"]["output_token_logprobs"]]
-            if "meta_info" in extra
-            else extra["token_ids"]
+            [entry[1] for entry in fields["meta_info"]["output_token_logprobs"]]
+            if "meta_info" in fields
+            else fields["token_ids"]
         )
         message = choice.message
         calls = [c.model_dump() for c in message.tool_calls or []]
