@@ -9,12 +9,14 @@ segment (`answer_dropped`). A planning step (`planning_interval`) and the
 final answer after `max_steps` are asked with other system prompts and no
 tools. A second `run(..., reset=False)` continues the same memory.
 
-Under `--engine sglang-chat` only: its prompts quote the tool-call ids of
-earlier answers, which sglang-generate mints at random as SGLang's chat
-route does (the emulator's chat route mints repeatable ones), so runs under
-the two engines would part after the first call. Its `tool_choice:
-"required"` is constrained on sglang-generate by qwen25's legacy structural
-tag, as on SGLang's chat route (docs/engines.md).
+Under `--engine sglang-chat` and `--engine vllm`, each checked on its own
+(every sampled token exported), not against each other: its prompts quote
+the tool-call ids of earlier answers, which the engines mint differently
+(the emulator's SGLang chat route repeatable ones, vLLM its own), so runs
+would part after the first call. Its `tool_choice: "required"` is what
+vLLM constrains with its parser's structural tag: on `vllm` each call's
+constraint comes from the worker's `/v1/chat/completions/render`
+(docs/engines.md#vllm).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from smolagents import OpenAIServerModel, Tool, ToolCallingAgent
 from tests.frameworks.harness import DemoServer, Episode, Recorder, check_episode, demo_server, dump
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[DemoServer]:
-    with demo_server("--chat-template", "qwen3") as running:
+@pytest.fixture(scope="module", params=["sglang-chat", "vllm"])
+def server(request: pytest.FixtureRequest) -> Iterator[DemoServer]:
+    with demo_server("--engine", request.param, "--chat-template", "qwen3") as running:
         yield running
 
 
