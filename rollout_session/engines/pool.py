@@ -22,8 +22,8 @@ not draining. Two independent judgements, each with its own state:
   turns in a row — transport errors, 5xx answers, answers over
   ``--max-answer-mb``, and answers that fail validation (the engine calls
   `report_failure`) — open it. After ``circuit_open_s`` it is half-open:
-  the pool itself sends one-token probes (its dialect's) (agents' turns never test a
-  worker) until ``circuit_successes`` in a row close it or one failure
+  the pool itself sends its dialect's one-token probes (agents' turns never
+  test a worker) until ``circuit_successes`` in a row close it or one failure
   reopens it. Timeouts and 4xx answers count neither way: a long generation
   is not a dead worker, and a 4xx is the request's fault.
 
