@@ -390,6 +390,13 @@ class Emulator:
 
     # -- chat completions ----------------------------------------------------
 
+    def _record(self, record: ChatRecord) -> None:
+        """A request as it arrived (before it is checked): recorded and counted."""
+        self.requests.append(record)
+        self.received += 1
+        self.bytes_received += record.body_bytes
+        self._notify()
+
     async def handle_chat(
         self, raw: bytes, fault_header: str | None, headers: Mapping[str, str] | None = None
     ) -> Reply:
@@ -431,12 +438,7 @@ class Emulator:
             early: Reply | None = BadRequest(str(exc)).reply()
         else:
             early = None
-        self.requests.append(
-            ChatRecord(body, arrival, fault, session_id, "chat", len(raw), headers)
-        )
-        self.received += 1
-        self.bytes_received += len(raw)
-        self._notify()
+        self._record(ChatRecord(body, arrival, fault, session_id, "chat", len(raw), headers))
         if early is not None:
             return early
         if fault is not None:
@@ -554,14 +556,11 @@ class Emulator:
             body = None
         params = body.get("session_params") if isinstance(body, dict) else None
         sid = params.get("id") if isinstance(params, dict) else None
-        self.requests.append(
+        self._record(
             ChatRecord(
                 body, arrival, None, sid if isinstance(sid, str) else None, "generate", len(raw)
             )
         )
-        self.received += 1
-        self.bytes_received += len(raw)
-        self._notify()
         try:
             return await self._generate_checked(body, arrival)
         except _Invalid as exc:
@@ -763,12 +762,9 @@ class Emulator:
         except orjson.JSONDecodeError:
             body = None
         session = headers.get("x-session-id")
-        self.requests.append(
+        self._record(
             ChatRecord(body, trio.current_time(), None, session, "vllm-render", len(raw), headers)
         )
-        self.received += 1
-        self.bytes_received += len(raw)
-        self._notify()
         try:
             answer = render_chat(
                 raw,
@@ -795,12 +791,7 @@ class Emulator:
         else:
             early = None
         session = headers.get("x-session-id")
-        self.requests.append(
-            ChatRecord(body, arrival, fault, session, "vllm-generate", len(raw), headers)
-        )
-        self.received += 1
-        self.bytes_received += len(raw)
-        self._notify()
+        self._record(ChatRecord(body, arrival, fault, session, "vllm-generate", len(raw), headers))
         if early is not None:
             return early
         if fault is not None:

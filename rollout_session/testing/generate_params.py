@@ -511,11 +511,19 @@ def tool_constraint(json_schema: Any) -> ToolConstraint:
         schema = json.loads(json_schema)
     except json.JSONDecodeError as exc:
         raise ValueError(f"Failed to compile json grammar: {exc}") from exc
+    return array_tool_constraint(schema) or ToolConstraint()
+
+
+def array_tool_constraint(schema: Any) -> ToolConstraint | None:
+    """The tool call a JSON-array tool schema forces (SGLang's
+    ``get_json_schema_constraint``, vLLM's ``get_json_schema_from_tools``
+    write the same shape): ``items.anyOf`` for "required", a one-name enum
+    for a named tool; ``maxItems`` 1 for one call only. None: not that shape."""
     if not (isinstance(schema, dict) and schema.get("type") == "array"):
-        return ToolConstraint()
+        return None
     items = schema.get("items")
     if not isinstance(items, dict):
-        return ToolConstraint()
+        return None
     single = schema.get("maxItems") == 1
     if isinstance(items.get("anyOf"), list):
         return ToolConstraint("required", single)
@@ -524,7 +532,7 @@ def tool_constraint(json_schema: Any) -> ToolConstraint:
     enum = name.get("enum") if isinstance(name, dict) else None
     if isinstance(enum, list) and len(enum) == 1 and isinstance(enum[0], str):
         return ToolConstraint(enum[0], single)
-    return ToolConstraint()
+    return None
 
 
 def structural_tag_constraint(structural_tag: Any) -> ToolConstraint:

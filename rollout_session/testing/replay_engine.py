@@ -98,12 +98,7 @@ class Replay:
         ``sglang-chat`` engine checks an answer (`UpstreamMalformed` if bad)."""
         answer, experts = check_answer(
             body,
-            AnswerCheck(
-                sent_prompt_tokens=len(request.input_ids),
-                vocab_size=request.vocab_size,
-                experts_from=request.experts_from,
-                experts_width=request.experts_width,
-            ),
+            AnswerCheck.of(request),
         )
         return cls(
             ids=answer.ids,

@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from rollout_session.testing.generate_params import ToolConstraint
+from rollout_session.testing.generate_params import ToolConstraint, array_tool_constraint
 from rollout_session.testing.sglang_answer import routed_experts
 from rollout_session.testing.vllm_generate import (
     GenerateRequest,
@@ -99,16 +99,9 @@ def json_tool_constraint(
             ) from None
     if not isinstance(schema, dict):
         return ToolConstraint()
-    items = schema.get("items")
-    if schema.get("type") == "array" and isinstance(items, dict):
-        single = schema.get("maxItems") == 1
-        if isinstance(items.get("anyOf"), list):
-            return ToolConstraint("required", single)
-        props = items.get("properties")
-        name = props.get("name") if isinstance(props, dict) else None
-        enum = name.get("enum") if isinstance(name, dict) else None
-        if isinstance(enum, list) and len(enum) == 1 and isinstance(enum[0], str):
-            return ToolConstraint(enum[0], single)
+    forced = array_tool_constraint(schema)
+    if forced is not None:
+        return forced
     if context is None or not context.tools:
         return ToolConstraint()
     functions = [t["function"] for t in context.tools]

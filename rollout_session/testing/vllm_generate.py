@@ -509,10 +509,10 @@ class _Fields:
     unmodelled: tuple[tuple[str, str], ...]
 
 
-def _parse_body(body: Any) -> _Fields:
-    """Stage 1: pydantic's parse of TP ``GenerateRequest``."""
-    errs = _Errors()
+def require_object(body: Any) -> dict[str, Any]:
+    """pydantic's first check of a model's body: a JSON object (else 400 "Bad Request")."""
     if not isinstance(body, dict):
+        errs = _Errors()
         errs.add(
             "model_attributes_type",
             ("body",),
@@ -521,6 +521,13 @@ def _parse_body(body: Any) -> _Fields:
         )
         errs.raise_if_any()
     assert isinstance(body, dict)
+    return body
+
+
+def _parse_body(body: Any) -> _Fields:
+    """Stage 1: pydantic's parse of TP ``GenerateRequest``."""
+    body = require_object(body)
+    errs = _Errors()
     # _validate_cache_salt is a "before" model validator: it runs first, and
     # its VLLMValidationError is not a pydantic error.
     salt = body.get("cache_salt")

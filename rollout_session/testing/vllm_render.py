@@ -80,6 +80,7 @@ from rollout_session.testing.vllm_generate import (
     check_one_constraint,
     not_modelled,
     random_uuid,
+    require_object,
     validation_error,
 )
 from rollout_session.testing.vllm_names import (
@@ -563,16 +564,7 @@ class _Chat:
 def _parse(body: Any) -> _Chat:
     """Stage 1: CP's validators, then its fields."""
     errs = _Errors()
-    if not isinstance(body, dict):
-        errs.add(
-            "model_attributes_type",
-            ("body",),
-            "Input should be a valid dictionary or object to extract fields from",
-            body,
-        )
-        errs.raise_if_any()
-    assert isinstance(body, dict)
-    data = copy.deepcopy(body)
+    data = copy.deepcopy(require_object(body))
     _before_validators(data)
     messages: Any = []
     if "messages" not in data:

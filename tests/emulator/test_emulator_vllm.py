@@ -671,7 +671,7 @@ async def test_reasoning_parser_splits_the_reasoning(serve: Serve, tokenizer: An
 _TOOLS: list[dict[str, Any]] = json.loads(json.dumps(TOOLS))
 
 
-def _json_schema(choice: Any, parallel: bool = True) -> dict[str, Any]:
+def tool_json_schema(choice: Any, parallel: bool = True) -> dict[str, Any]:
     """tool_parsers/utils.py get_json_schema_from_tools: "required" or a named tool."""
     if choice == "required":
         schema: dict[str, Any] = {
@@ -710,11 +710,11 @@ TOOL_CASES: dict[str, tuple[Any, dict[str, Any], Any, tuple[str, ...], Any, str]
         None, "tool_calls",
     ),
     "required": (
-        MESSAGES, {"tool_choice": "required"}, {"json": _json_schema("required")},
+        MESSAGES, {"tool_choice": "required"}, {"json": tool_json_schema("required")},
         ("read_file",), "", "tool_calls",
     ),
     "named": (
-        MESSAGES, {"tool_choice": NAMED}, {"json": json.dumps(_json_schema(NAMED))},
+        MESSAGES, {"tool_choice": NAMED}, {"json": json.dumps(tool_json_schema(NAMED))},
         ("list_dir",), "", "stop",
     ),
     "none": (MESSAGES, {"tool_choice": "none"}, None, (), "markup", "stop"),

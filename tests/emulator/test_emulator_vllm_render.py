@@ -27,6 +27,7 @@ from tests.emulator.test_emulator_vllm import (
     contract_body,
     error_of,
     generate,
+    tool_json_schema,
 )
 from tests.families import template_text
 
@@ -494,23 +495,7 @@ async def test_render_wants_json(serve: Serve) -> None:
 
 # -- the constraint: the emulator's tag, vLLM's JSON schema, response formats ----------
 
-REQUIRED_SCHEMA = {
-    "type": "array",
-    "minItems": 1,
-    "items": {
-        "type": "object",
-        "anyOf": [
-            {
-                "properties": {
-                    "name": {"type": "string", "enum": [t["function"]["name"]]},
-                    "parameters": t["function"]["parameters"],
-                },
-                "required": ["name", "parameters"],
-            }
-            for t in TOOLS
-        ],
-    },
-}
+REQUIRED_SCHEMA = tool_json_schema("required")  # tool_parsers/utils.py
 
 # (parser, request fields beside messages, structured_outputs in the answer)
 CONSTRAINTS: dict[str, tuple[str | None, dict[str, Any], Any]] = {

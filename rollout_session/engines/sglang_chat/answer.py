@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import numpy as np
@@ -27,6 +27,9 @@ import pybase64
 
 from ...errors import UpstreamMalformed
 from ...tokens import IdArray, LogprobArray
+
+if TYPE_CHECKING:
+    from ..base import EngineRequest
 
 __all__ = [
     "AnswerCheck",
@@ -158,6 +161,16 @@ class AnswerCheck:
     # (None: not asked for), `experts_width` values per position as before.
     experts_from: int | None = None
     experts_width: int | None = None
+
+    @classmethod
+    def of(cls, request: EngineRequest) -> AnswerCheck:
+        """What an answer to `request` is checked against."""
+        return cls(
+            sent_prompt_tokens=len(request.input_ids),
+            vocab_size=request.vocab_size,
+            experts_from=request.experts_from,
+            experts_width=request.experts_width,
+        )
 
 
 _PATH = re.compile(r"at `\$([^`]*)`")

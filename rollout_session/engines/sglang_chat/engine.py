@@ -108,12 +108,7 @@ class SGLangChatEngine:
             # the agent's answer; nothing is committed.
             return Refusal(agent_reply, reply.worker)
         experts = request.experts_from is not None
-        check = AnswerCheck(
-            sent_prompt_tokens=len(request.input_ids),
-            vocab_size=request.vocab_size,
-            experts_from=request.experts_from,
-            experts_width=request.experts_width,
-        )
+        check = AnswerCheck.of(request)
         try:
             answer, routed = await self.validation.validate(
                 check_answer, reply.body, check, decode_cost(reply.body, experts=experts)

@@ -97,12 +97,7 @@ class SGLangGenerateEngine:
                 self._drop(session)
             # The worker's own refusal, in the chat route's error shape.
             return Refusal(error_reply(reply.status, _message(reply.body)), reply.worker)
-        check = AnswerCheck(
-            sent_prompt_tokens=len(request.input_ids),
-            vocab_size=request.vocab_size,
-            experts_from=request.experts_from,
-            experts_width=request.experts_width,
-        )
+        check = AnswerCheck.of(request)
         try:
             answer = await self.validation.validate(
                 check_generate_answer, reply.body, check, len(reply.body)

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from ..base import AgentReply
+from ..chat_reply import sampled_logprobs
 from .answer import GenerateAnswer
 from .parsers import Parsers
 
@@ -81,21 +82,6 @@ def parse_json_array(text: str, finish: dict[str, Any]) -> tuple[str, list[dict[
     return "", calls
 
 
-def _logprobs(answer: GenerateAnswer) -> dict[str, Any]:
-    content = []
-    for logprob, text in zip(answer.logprobs.tolist(), answer.token_texts, strict=True):
-        token = text or ""
-        content.append(
-            {
-                "token": token,
-                "logprob": logprob,
-                "bytes": list(token.encode("utf-8")),
-                "top_logprobs": [],
-            }
-        )
-    return {"content": content}
-
-
 def chat_completion(rid: str, model: str, answer: GenerateAnswer, parsed: ParsedAnswer) -> bytes:
     message: dict[str, Any] = {
         "role": "assistant",
@@ -128,7 +114,7 @@ def chat_completion(rid: str, model: str, answer: GenerateAnswer, parsed: Parsed
                 {
                     "index": 0,
                     "message": message,
-                    "logprobs": _logprobs(answer),
+                    "logprobs": sampled_logprobs(answer.logprobs, answer.token_texts),
                     "finish_reason": parsed.finish["type"],
                     "matched_stop": parsed.finish.get("matched"),
                     "meta_info": orjson.Fragment(answer.meta_json),

@@ -121,6 +121,12 @@ class VllmAnswer:
     weight_versions: list[dict[str, Any]]  # spans tiling the output, in order
     experts: tuple[bytes, int] | None
 
+    @property
+    def weight_version(self) -> str | None:
+        """vLLM's label of the weights that sampled the last token ("default"
+        until the trainer names a version); None for an empty output."""
+        return self.weight_versions[-1]["version"] if self.weight_versions else None
+
 
 def _decode(body: bytes, vocab_size: int, mode: str) -> Any:
     try:
@@ -177,6 +183,9 @@ def _spans(spans: list[_Span] | None, n: int) -> list[dict[str, Any]]:
     return [{"start": s.start, "end": s.end, "version": s.version} for s in spans]
 
 
+_EXPERT_DTYPES = frozenset(np.dtype(t) for t in ("u1", "<u2", ">u2", "<i4", ">i4"))
+
+
 def decode_npy_experts(
     blob: str | None, *, positions: int, width: int | None
 ) -> tuple[bytes, int] | None:
@@ -198,7 +207,9 @@ def decode_npy_experts(
         raise UpstreamMalformed(
             "routed_experts is not a base64 .npy array", kind="routed_experts"
         ) from None
-    if array.ndim != 3 or array.dtype.kind not in "iu" or array.shape[0] != positions:
+    # Only what vLLM sends (RoutedExpertsCapturer: uint8/uint16, an int32
+    # buffer): a wider dtype could hold ids the int32 store would wrap.
+    if array.ndim != 3 or array.dtype not in _EXPERT_DTYPES or array.shape[0] != positions:
         raise UpstreamMalformed(
             f"routed_experts has shape {array.shape} ({array.dtype}) for {positions} positions",
             kind="routed_experts",

@@ -101,12 +101,7 @@ class VllmEngine:
         if reply.status != 200:
             # vLLM's own error, already in the OpenAI shape; nothing is committed.
             return Refusal(AgentReply(reply.status, reply.headers, reply.body), reply.worker)
-        check = AnswerCheck(
-            sent_prompt_tokens=len(request.input_ids),
-            vocab_size=request.vocab_size,
-            experts_from=request.experts_from,
-            experts_width=request.experts_width,
-        )
+        check = AnswerCheck.of(request)
         try:
             answer = await self.validation.validate(
                 check_vllm_answer, reply.body, check, len(reply.body)
@@ -120,7 +115,6 @@ class VllmEngine:
         body = chat_completion(
             f"chatcmpl-{request_id}", model, answer, include_reasoning=include_reasoning
         )
-        spans = answer.weight_versions
         return Completion(
             ids=answer.ids,
             logprobs=answer.logprobs,
@@ -129,9 +123,7 @@ class VllmEngine:
             reasoning_content=answer.reasoning,
             finish_reason=answer.finish_reason,
             model=model,
-            # vLLM's label of the weights that sampled the last token
-            # ("default" until the trainer names a version).
-            weight_version=spans[-1]["version"] if spans else None,
+            weight_version=answer.weight_version,
             cached_tokens=answer.cached_tokens,
             experts=answer.experts,
             worker=reply.served_by,

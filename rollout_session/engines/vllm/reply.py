@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from ..base import AgentReply
+from ..chat_reply import sampled_logprobs
 from .answer import VllmAnswer
 
 __all__ = ["chat_completion", "error_reply"]
@@ -50,23 +51,11 @@ def chat_completion(
     }
     if answer.cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": answer.cached_tokens}
-    spans = answer.weight_versions
-    metadata: dict[str, Any] = {"weight_version": spans[-1]["version"] if spans else None}
-    if spans:
-        metadata["weight_versions"] = spans
-    logprobs = None
-    if include_reasoning:  # vLLM hides them with the reasoning (serve_tokens_full_generator)
-        logprobs = {
-            "content": [
-                {
-                    "token": text or "",
-                    "logprob": logprob,
-                    "bytes": list((text or "").encode("utf-8")),
-                    "top_logprobs": [],
-                }
-                for logprob, text in zip(answer.logprobs.tolist(), answer.token_texts, strict=True)
-            ]
-        }
+    metadata: dict[str, Any] = {"weight_version": answer.weight_version}
+    if answer.weight_versions:
+        metadata["weight_versions"] = answer.weight_versions
+    # vLLM hides them with the reasoning (serve_tokens_full_generator).
+    logprobs = sampled_logprobs(answer.logprobs, answer.token_texts) if include_reasoning else None
     return orjson.dumps(
         {
             "id": request_id,

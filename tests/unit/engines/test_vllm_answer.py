@@ -166,8 +166,15 @@ def test_routed_experts_are_decoded_from_npy(dtype: str) -> None:
 
 @pytest.mark.parametrize(
     "blob",
-    [None, "not base64!", _npy(np.zeros((3, 2, 3), np.uint8)), _npy(np.zeros((10, 6), np.uint8))],
-    ids=["missing", "not-base64", "wrong-rows", "wrong-rank"],
+    [
+        None,
+        "not base64!",
+        _npy(np.zeros((3, 2, 3), np.uint8)),
+        _npy(np.zeros((10, 6), np.uint8)),
+        # A dtype vLLM does not send, whose ids the int32 store could wrap.
+        _npy(np.full((10, 2, 3), 2**40, np.int64)),
+    ],
+    ids=["missing", "not-base64", "wrong-rows", "wrong-rank", "int64"],
 )
 def test_bad_routed_experts_are_refused(blob: str | None) -> None:
     with pytest.raises(UpstreamMalformed, match="routed_experts"):
