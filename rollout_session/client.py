@@ -220,6 +220,40 @@ class SessionClient:
         doc: dict[str, Any] = orjson.loads(response.content)
         return doc
 
+    async def pause(
+        self, mode: Literal["drain", "abort"] = "drain", *, api_key: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Pause every server for a weight update, concurrently; their
+        answers in `servers` order. ``drain`` returns once no turn is at a
+        worker; ``abort`` at once, the turns at workers interrupted, to be
+        continued on `resume`. `api_key`: the operator key, if the servers
+        have one (else the client's key is sent)."""
+        return await self._admin("/admin/pause", {"mode": mode}, api_key)
+
+    async def resume(
+        self, weight_version: str | None = None, *, api_key: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Resume every server; `weight_version` names what is sampled from
+        now on where the engine names no version."""
+        body = {} if weight_version is None else {"weight_version": weight_version}
+        return await self._admin("/admin/resume", body, api_key)
+
+    async def _admin(
+        self, path: str, body: dict[str, Any], api_key: str | None
+    ) -> list[dict[str, Any]]:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        answers: list[dict[str, Any]] = [{} for _ in self.servers]
+
+        async def one(i: int, server: str) -> None:
+            response, _ = await self._send("POST", server + path, json=body, headers=headers)
+            self._raise_for(response)
+            answers[i] = orjson.loads(response.content)
+
+        async with anyio.create_task_group() as group:
+            for i, server in enumerate(self.servers):
+                group.start_soon(one, i, server)
+        return answers
+
 
 def _params(include: Sequence[str] | None, view: View) -> dict[str, str]:
     params: dict[str, str] = {"format": view}

@@ -31,11 +31,13 @@ from .engines.worker_urls import WorkerHosts, worker_url
 from .prompt.messages import KNOWN_ROLES
 from .session.segments import OnDivergence, PromptMode
 from .session.store import JournalOptions
+from .turn.interrupted import OnAbort
 from .turn.plan import TurnPolicy
 
 __all__ = ["Settings"]
 
 ON_DIVERGENCE = tuple(p.value for p in OnDivergence)
+ON_ABORT = tuple(p.value for p in OnAbort)
 PROMPT_MODES = tuple(m.value for m in PromptMode)
 ENGINES = ("sglang-chat", "sglang-generate", "vllm")
 # --max-answer-mb's default: far above any chat answer without routed
@@ -156,6 +158,12 @@ class Settings:
     max_session_tokens: int | None = None
     # While paused (weight sync), new turns wait this long, then 503 server_paused.
     pause_wait_s: float = 30.0
+    # A worker's `abort` answer (a weight update, a pause): continue the
+    # turn from prompt + partial ids, or return the abort to the agent.
+    on_abort: str = "continue"
+    # Requests a turn may take after its first was aborted; past it the
+    # turn fails (503 turn_interrupted), nothing committed.
+    max_continuations: int = 8
     # SIGTERM: in-flight turns get this long to finish before they are
     # cancelled; below Kubernetes' default 30 s grace, leaving time to close.
     shutdown_grace_s: float = 25.0
@@ -238,6 +246,10 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_rollback_turns < 0:
             raise ValueError("max_rollback_turns must be >= 0")
+        if self.on_abort not in ON_ABORT:
+            raise ValueError(f"on_abort must be one of {', '.join(ON_ABORT)}")
+        if self.max_continuations < 0:
+            raise ValueError("max_continuations must be >= 0")
         if self.on_divergence not in ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}")
         if self.engine not in ENGINES:
@@ -358,6 +370,8 @@ class Settings:
             max_session_tokens=self.max_session_tokens,
             default_priority=self.default_priority,
             routed_experts=self.routed_experts,
+            on_abort=OnAbort(self.on_abort),
+            max_continuations=self.max_continuations,
         )
 
     def journal_options(self) -> JournalOptions | None:

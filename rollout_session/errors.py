@@ -52,6 +52,7 @@ __all__ = [
     "TooManySegments",
     "TooManySessions",
     "TrajectoryDiverged",
+    "TurnInterrupted",
     "Unauthorized",
     "UpstreamError",
     "UpstreamMalformed",
@@ -272,6 +273,17 @@ class ServerPaused(ServerError):
 
     status_code = 503
     code = "server_paused"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class TurnInterrupted(ServerError):
+    """The turn's worker aborted it more often than --max-continuations
+    allows: nothing was committed, and the partial completion is dropped."""
+
+    status_code = 503
+    code = "turn_interrupted"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})

@@ -144,6 +144,13 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--max-sessions", "max_sessions", int, "more → 429 too_many_sessions"),
     ("--max-session-tokens", "max_session_tokens", int, "prompt + max_tokens cap"),
     ("--pause-wait-s", "pause_wait_s", float, "while paused, turns wait this long"),
+    (
+        "--on-abort",
+        "on_abort",
+        str,
+        "a worker's abort answer (weight update): continue the turn, or return it",
+    ),
+    ("--max-continuations", "max_continuations", int, "requests a turn may add after aborts"),
     ("--shutdown-grace-s", "shutdown_grace_s", float, "SIGTERM: time for in-flight turns"),
     ("--journal", "journal", str, "durable journal directory (off by default)"),
     ("--journal-fsync", "journal_fsync", str, "always, interval or never"),

@@ -12,9 +12,12 @@ failover), the wire format, strict validation of the answer (run where the
 `Validation` it was given puts it), and the worker's health accounting.
 
 Two capabilities later engines need are part of the seam's shape:
-- Continuing a partial completion (`EngineRequest.partial`): an engine that
-  cannot (`can_continue` is False) refuses such a request with
-  `CannotContinue` instead of sampling a fresh answer.
+- Continuing a partial completion (`EngineRequest.partial`, built by
+  `EngineRequest.continued`): when a worker aborts a completion (a weight
+  update, a pause), the turn runner asks for its continuation, and the
+  engine answers with the whole stitched completion, parsed as one. An
+  engine that cannot continue this one exactly raises `CannotContinue`
+  instead of sampling (the runner then samples the turn afresh).
 - Per-session engine state: `adopt` and `release` bracket a session's life
   on the engine (a session restored from the journal; one closed, expired
   or forgotten). Between them an engine may keep what it needs per session
@@ -24,10 +27,12 @@ Two capabilities later engines need are part of the seam's shape:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from ..tokens import IdArray, LogprobArray
+import numpy as np
+
+from ..tokens import IdArray, LogprobArray, VersionSpan
 
 __all__ = [
     "AgentReply",
@@ -59,10 +64,15 @@ class EngineSession(Protocol):
 @dataclass(frozen=True, slots=True)
 class Partial:
     """A completion interrupted before it finished: what was sampled so far
-    (the prompt is the request's `input_ids`; these follow it)."""
+    (at least one token). In a continuing request these are the last ids of
+    its `input_ids`."""
 
     ids: IdArray
     logprobs: LogprobArray
+    weight_versions: tuple[VersionSpan, ...]  # tiling `ids`
+    experts: tuple[bytes, int] | None  # R3: their routed experts and width, if asked
+    # What the engine kept to continue it (its `Completion.engine_state`).
+    engine_state: Any = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,7 +82,7 @@ class EngineRequest:
     # The agent's request body as parsed and checked (sampling parameters,
     # tools, stop, response_format, …): the engine translates it.
     params: Mapping[str, Any]
-    input_ids: IdArray  # the whole prompt, token-in/token-out
+    input_ids: IdArray  # all the worker is sent: the prompt (and `partial`'s ids)
     template_kwargs: Mapping[str, Any]  # the chat-template kwargs the prompt was rendered with
     vocab_size: int  # the tokenizer's: a sampled id at or above it is refused
     max_tokens: int | None = None  # the session cap's remainder, for a request that set no limit
@@ -80,6 +90,32 @@ class EngineRequest:
     experts_from: int | None = None  # R3: routed experts from this position on; None: not asked
     experts_width: int | None = None  # values per position stored so far (None: none yet)
     partial: Partial | None = None  # continue this completion (engines that can)
+
+    def continued(self, partial: Partial) -> EngineRequest:
+        """The request that continues `partial`, a completion of this
+        (first) request its worker aborted: the worker is sent the prompt
+        and the partial's ids, and every limit counts what was sampled —
+        the agent's max_tokens and min_tokens, the session cap's remainder,
+        and routed experts from the first position not yet reported."""
+        done = len(partial.ids)
+        params = dict(self.params)
+        for key in ("max_tokens", "max_completion_tokens"):
+            if isinstance(params.get(key), int):
+                params[key] -= done  # > 0: a worker never aborts at the limit
+        if isinstance(params.get("min_tokens"), int):
+            params["min_tokens"] = max(params["min_tokens"] - done, 0)
+        prompt = len(self.input_ids)
+        return replace(
+            self,
+            params=params,
+            input_ids=np.concatenate([self.input_ids, partial.ids]).astype(np.int32),
+            max_tokens=None if self.max_tokens is None else self.max_tokens - done,
+            # The aborted answer reported positions up to its last sampled
+            # token, which it never forwarded.
+            experts_from=None if self.experts_from is None else prompt + done - 1,
+            experts_width=self.experts_width if partial.experts is None else partial.experts[1],
+            partial=partial,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,21 +132,32 @@ class AgentReply:
 class Completion:
     """A validated completion: everything the turn records, and the reply."""
 
-    ids: IdArray  # the sampled ids, in order
+    # The sampled ids, in order (a continuation: the partial's, then its own).
+    ids: IdArray
     logprobs: LogprobArray  # one finite logprob ≤ 0 per sampled id
     content: str | None
     tool_calls: list[dict[str, Any]]
     reasoning_content: str | None
-    finish_reason: str | None
+    finish_reason: str | None  # "abort": the worker interrupted it (a weight update, a pause)
     model: str | None  # the model the engine says answered
-    weight_version: str | None  # the policy version the engine reports, if any
-    cached_tokens: int | None  # prompt tokens the engine reused from its cache
+    # The policy versions the engine reports, tiling `ids` (a version is
+    # None where it reports none).
+    weight_versions: tuple[VersionSpan, ...]
+    cached_tokens: int | None  # prompt tokens the engine reused from its cache (this request's)
     # R3: little-endian int32 routed-expert ids of the new positions, and
     # values per position (None: not asked for).
     experts: tuple[bytes, int] | None
     worker: str  # the worker that generated it (behind a gateway, the one it routed to)
     latency_s: float  # the engine's time for the request
     reply: AgentReply
+    # What this engine needs to continue the completion if it was aborted
+    # (opaque above the seam; handed back as `Partial.engine_state`).
+    engine_state: Any = None
+
+    @property
+    def weight_version(self) -> str | None:
+        """The version of the last sampled token."""
+        return self.weight_versions[-1].version if self.weight_versions else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +170,8 @@ class Refusal:
 
 
 class CannotContinue(Exception):
-    """Asked to continue a partial completion on an engine that cannot."""
+    """Asked to continue a partial completion the engine cannot continue
+    exactly (the message says why)."""
 
 
 class Validation(Protocol):
@@ -139,7 +187,7 @@ class Validation(Protocol):
 class Engine(Protocol):
     """One inference engine behind the seam (docs/architecture.md#the-engine-seam)."""
 
-    # Whether `complete` takes `EngineRequest.partial` (else CannotContinue).
+    # Whether `complete` may take `EngineRequest.partial` (else always CannotContinue).
     can_continue: ClassVar[bool]
 
     async def complete(

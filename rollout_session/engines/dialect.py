@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import orjson
+
 from .sglang_chat.answer import parse_worker_answer
 from .upstream import CHAT_PATH, ModelInfo, WorkerClient, chat_probe_body, fetch_model_info
 
@@ -36,6 +38,15 @@ class WorkerDialect:
     # Headers whose value is the session id on every turn: a router in
     # front of the workers keeps a session on one worker by them.
     session_headers: tuple[bytes, ...]
+    # The requests (path, body) that abort these in-flight turn requests,
+    # by the id the engine sent: each then answers `abort` with what it
+    # had sampled (a pause in abort mode).
+    abort_requests: Callable[[list[str]], list[tuple[str, bytes]]]
+
+
+def _sglang_abort(rids: list[str]) -> list[tuple[str, bytes]]:
+    # AbortReq takes one rid (io_struct.AbortReq; http_server.abort_request).
+    return [("/abort_request", orjson.dumps({"rid": rid})) for rid in rids]
 
 
 def _check_sglang_probe(body: bytes) -> object:
@@ -50,4 +61,5 @@ SGLANG_WORKERS = WorkerDialect(
     check_probe=_check_sglang_probe,
     # sgl-model-gateway's routing key; SGLang itself ignores it.
     session_headers=(b"x-smg-routing-key",),
+    abort_requests=_sglang_abort,
 )

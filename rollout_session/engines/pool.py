@@ -132,6 +132,9 @@ class Worker:
     draining: bool = False
     active_sessions: int = 0  # sessions pinned here
     inflight: int = 0
+    # Turn requests in flight here, by the id they were sent with: what a
+    # pause in abort mode aborts.
+    requests: set[str] = field(default_factory=set)
     # Probes (health and admission checks) in a row.
     consecutive_failures: int = 0
     consecutive_successes: int = 0
@@ -206,6 +209,10 @@ class WorkerPool:
         self._hints_asked: set[str] = set()
         self._first_round = trio.Event()
         self._changed = trio.Event()
+        # Cleared by `interrupt` (a pause in abort mode): no turn request is
+        # sent until `resume_sending`.
+        self._sending = trio.Event()
+        self._sending.set()
 
     # -- membership ------------------------------------------------------------
 
@@ -430,10 +437,17 @@ class WorkerPool:
         )
 
     async def _send(
-        self, worker: Worker, session_id: str, payload: bytes, path: str = CHAT_PATH
+        self,
+        worker: Worker,
+        session_id: str,
+        payload: bytes,
+        path: str = CHAT_PATH,
+        request_id: str | None = None,
     ) -> UpstreamReply:
         options = self._options
         worker.inflight += 1
+        if request_id is not None:
+            worker.requests.add(request_id)
         try:
             reply = await post_chat(
                 worker.client,
@@ -450,6 +464,7 @@ class WorkerPool:
             raise
         finally:
             worker.inflight -= 1
+            worker.requests.discard(request_id or "")
             if worker.inflight == 0:
                 worker.idle.set()
                 worker.idle = trio.Event()
@@ -460,27 +475,51 @@ class WorkerPool:
         return reply
 
     async def chat(
-        self, session: EngineSession, payload: bytes, path: str = CHAT_PATH
+        self,
+        session: EngineSession,
+        payload: bytes,
+        path: str = CHAT_PATH,
+        request_id: str | None = None,
+        *,
+        resend_if_gone: bool = False,
     ) -> UpstreamReply:
         """Send a turn to the session's worker (pinning or re-pinning it), on
         SGLang's chat route unless `path` names another (``/generate``).
+        `request_id` (the id the body gives the request) makes it abortable
+        by `interrupt`. While interrupted, it waits for `resume_sending`.
+        `resend_if_gone` (a continuation, which holds sampled work): after a
+        transport error once sent, a worker whose ``/health`` fails too is
+        gone, and whatever it did with it; the request goes to another.
 
         A 200 is neither a success nor a failure of the worker until the
         engine has validated it: it then calls `report_success` or
         `report_failure` with ``reply.worker``."""
+        await self._sending.wait()
         worker = self._pin(session)
         try:
-            return await self._send(worker, session.id, payload, path)
-        except NotSent as first:
-            # Nothing reached that worker: one retry elsewhere is safe.
-            try:
-                retry = self._pin(session, exclude=worker.url)
-            except NoHealthyWorker:
-                raise UpstreamError(str(first)) from None
-            try:
-                return await self._send(retry, session.id, payload, path)
-            except NotSent as second:
-                raise UpstreamError(str(second)) from None
+            return await self._send(worker, session.id, payload, path, request_id)
+        except NotSent as not_sent:
+            first: Exception = not_sent  # nothing reached that worker: a retry is safe
+        except UpstreamError as lost:
+            gone = await self._health_failure(worker) if resend_if_gone else None
+            if gone is None:
+                raise
+            logger.warning(
+                "worker %s: a continuation failed (%s) and the worker is gone (%s); "
+                "sending it to another worker",
+                worker.url,
+                lost,
+                gone,
+            )
+            first = lost
+        try:
+            retry = self._pin(session, exclude=worker.url)
+        except NoHealthyWorker:
+            raise UpstreamError(str(first)) from None
+        try:
+            return await self._send(retry, session.id, payload, path, request_id)
+        except NotSent as second:
+            raise UpstreamError(str(second)) from None
 
     async def follow_up(
         self, url: str, session: EngineSession, path: str, payload: bytes
@@ -491,6 +530,49 @@ class WorkerPool:
         if worker is None:
             raise UpstreamError(f"worker {url} left the pool during the turn")
         return await self._send(worker, session.id, payload, path)
+
+    # -- interrupting turns (a pause in abort mode) -------------------------------
+
+    async def interrupt(self) -> int:
+        """Hold every turn request not yet sent until `resume_sending`, and
+        ask each worker to abort the ones it has (the dialect's route); each
+        then answers `abort` with what it had sampled. Returns how many were
+        asked. A worker that cannot be reached is logged and skipped: its
+        requests finish (or fail) as they would have."""
+        if self._sending.is_set():
+            self._sending = trio.Event()
+        asked = [(w, sorted(w.requests)) for w in self.workers.values() if w.requests]
+        async with trio.open_nursery() as nursery:
+            for worker, ids in asked:
+                for path, body in self._options.dialect.abort_requests(ids):
+                    nursery.start_soon(self._abort, worker, path, body)
+        return sum(len(ids) for _, ids in asked)
+
+    def resume_sending(self) -> None:
+        self._sending.set()
+
+    async def _abort(self, worker: Worker, path: str, body: bytes) -> None:
+        # The probe client: the turn client's connections may all be held by
+        # the very requests being aborted.
+        try:
+            response = await self._probe_client.post(
+                worker.url + path, content=body, headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            if response.status_code == 200:
+                return
+            problem = f"answered {response.status_code}: {response.text[:200]}"
+        self.control_failures[path] += 1
+        worker.control_failures[path] += 1
+        logger.warning(
+            "worker %s: %s failed (%s); its turns in flight were not interrupted and "
+            "finish as they would have",
+            worker.url,
+            path,
+            problem,
+        )
 
     # -- circuit breaker ---------------------------------------------------------
 

@@ -109,7 +109,37 @@ def _turn_dict(t: Turn) -> dict[str, Any]:
         "cached_tokens": t.cached_tokens,
         "upstream_latency_s": t.upstream_latency_s,
         "created_at": t.created_at,
+        # Positions in the segment's token_ids, like the turn's own spans.
+        "weight_versions": [
+            {
+                "start": t.completion_start + s.start,
+                "end": t.completion_start + s.end,
+                "version": s.version,
+            }
+            for s in t.weight_versions
+        ],
+        "continuations": [
+            {
+                "start": t.completion_start + c.start,
+                "worker": c.worker,
+                "prompt_tokens": c.prompt_tokens,
+                "cached_tokens": c.cached_tokens,
+                "discarded_tokens": c.discarded,
+            }
+            for c in t.continuations
+        ],
     }
+
+
+def _token_versions(turns: Iterable[Turn], start: int, end: int) -> list[str | None]:
+    """The policy version of every token in [start, end): the sampling
+    turn's span version for sampled tokens, None for the rest (mask 0)."""
+    out: list[str | None] = [None] * (end - start)
+    for t in turns:
+        for s in t.weight_versions:
+            a, b = t.completion_start + s.start - start, t.completion_start + s.end - start
+            out[max(a, 0) : max(b, 0)] = [s.version] * (max(b, 0) - max(a, 0))
+    return out
 
 
 def _segment_document(
@@ -193,6 +223,8 @@ def sample_view(session: Session, status: ExportStatus = "open") -> dict[str, An
                 "response_length": len(tokens) - start,
                 "loss_mask": tokens.mask[start:],
                 "rollout_log_probs": tokens.logprobs[start:],
+                # The policy that sampled each response token (None: mask 0).
+                "rollout_weight_versions": _token_versions(turns, start, len(tokens)),
                 "status": _SAMPLE_STATUS.get(last or "", "pending" if not turns else "completed"),
                 "metadata": session.metadata,
             }
@@ -224,6 +256,9 @@ def steps_view(session: Session, status: ExportStatus = "open") -> dict[str, Any
                     "response_ids": trajectory.sampled_ids(turn.index),
                     "response_logprobs": trajectory.sampled_logprobs(turn.index),
                     "response_mask": np.ones(sampled, np.uint8),
+                    "response_weight_versions": _token_versions(
+                        (turn,), turn.completion_start, turn.completion_end
+                    ),
                     "finish_reason": turn.finish_reason,
                     "is_last": False,
                 }

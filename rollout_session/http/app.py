@@ -123,7 +123,9 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         engine=engine,
         offload=offload,
         validator=validator,
-        pause=PauseGate(settings.pause_wait_s),
+        pause=PauseGate(
+            settings.pause_wait_s, interrupt=pool.interrupt, resume_sending=pool.resume_sending
+        ),
         metrics=Metrics(store, pool, remote),
         model=model,
         expiry=Expiry(

@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 
 from ..errors import InvariantViolated, SessionClosing
 from ..prompt.messages import Message
-from ..tokens import IdArray, LogprobArray
+from ..tokens import IdArray, LogprobArray, VersionSpan
 from .segments import Branch, Rollback, Segment
 from .session import Session, SessionState, TurnSlot
-from .trajectory import Checkpoint, Turn
+from .trajectory import Checkpoint, Continuation, Turn
 
 __all__ = ["CommitUndo", "Sampled", "TurnPlan", "commit_turn"]
 
@@ -54,6 +54,8 @@ class Sampled:
     latency_s: float
     # R3: routed-expert ids of the new positions (int32 bytes) and their width.
     experts: tuple[bytes, int] | None = None
+    weight_versions: tuple[VersionSpan, ...] = ()  # tiling the sampled ids
+    continuations: tuple[Continuation, ...] = ()  # the requests after an abort
 
 
 def commit_turn(
@@ -87,6 +89,8 @@ def commit_turn(
         cached_tokens=sampled.cached_tokens,
         upstream_latency_s=sampled.latency_s,
         created_at=now,
+        weight_versions=sampled.weight_versions,
+        continuations=sampled.continuations,
     )
     trajectory.commit(
         keep_turns=plan.keep_turns,

@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from ..tokens import IdArray, LogprobArray
+from ..tokens import IdArray, LogprobArray, VersionSpan
 
-__all__ = ["Checkpoint", "TokenBuffer", "Trajectory", "Turn"]
+__all__ = ["Checkpoint", "Continuation", "TokenBuffer", "Trajectory", "Turn", "tiles"]
 
 MaskArray = npt.NDArray[np.uint8]
 
@@ -212,10 +212,54 @@ class Turn:
     messages_end: int
     finish_reason: str | None
     worker: str
-    weight_version: str | None
+    weight_version: str | None  # the version of its last sampled token
     cached_tokens: int | None
     upstream_latency_s: float
     created_at: float
+    # The policy of each sampled token: spans tiling [0, completion_end -
+    # completion_start) in order, offsets from completion_start; empty for a
+    # turn that sampled nothing (and in journals written before spans).
+    weight_versions: tuple[VersionSpan, ...] = ()
+    # The requests after the first, when its worker aborted the turn and it
+    # was continued (docs/training.md#interrupted-turns).
+    continuations: tuple[Continuation, ...] = ()
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> Turn:
+        """A turn from its journaled fields (spans and continuations as lists)."""
+        return cls(
+            **{
+                **fields,
+                "weight_versions": tuple(
+                    VersionSpan(*s) for s in fields.get("weight_versions", ())
+                ),
+                "continuations": tuple(Continuation(*c) for c in fields.get("continuations", ())),
+            }
+        )
+
+
+def tiles(spans: Sequence[VersionSpan], n: int) -> bool:
+    """Whether `spans` tile [0, n) in order, each non-empty."""
+    at = 0
+    for span in spans:
+        if span.start != at or span.end <= span.start:
+            return False
+        at = span.end
+    return at == n
+
+
+class Continuation(NamedTuple):
+    """One more request a turn took after its worker aborted it (a weight
+    update, a pause): the turn's prompt plus the tokens sampled so far."""
+
+    start: int  # offset from completion_start where this request's tokens begin
+    worker: str  # the worker that took it (another one after a failover)
+    prompt_tokens: int  # what it sent: the turn's prompt + the tokens before `start`
+    cached_tokens: int | None  # of those, reused from the worker's cache (the rest re-prefilled)
+    # Tokens sampled before it and dropped: the engine could not continue
+    # them exactly (a grammar-constrained turn, or an engine that cannot),
+    # so the turn was sampled again from its prompt (`start` is then 0).
+    discarded: int = 0
 
 
 class Checkpoint(NamedTuple):
@@ -331,6 +375,10 @@ class Trajectory:
             if not position == turn.prompt_start <= turn.completion_start <= turn.completion_end:
                 return f"turn {i} span does not tile the sequence"
             position = turn.completion_end
+            if turn.weight_versions and not tiles(
+                turn.weight_versions, turn.completion_end - turn.completion_start
+            ):
+                return f"turn {i} weight_versions do not tile its sampled tokens"
             if turn.completion_start < turn.completion_end:
                 spans.append((turn.completion_start, turn.completion_end))
         if position != len(tokens):

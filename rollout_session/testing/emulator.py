@@ -7,7 +7,11 @@ or ``/generate`` call (request checks, fault selection, session append, cache
 lookup, latency, recording) and of ``/open_session`` / ``/close_session``,
 or, for a vLLM emulator, of ``/inference/v1/generate`` (checks in
 `vllm_generate`, answers in `vllm_answer`) and
-``/inference/v1/abort_requests``, independent of HTTP. The
+``/inference/v1/abort_requests``, independent of HTTP. Every generation
+request is in flight in `weights` (the weight version, pauses and aborts
+of both engines; its routes in `weight_routes`), and a prompt that
+continues the model's own answer is answered with the rest of it
+(`_sample`, `continuation`). The
 Quart app, its routes and `start_emulator` live in `emulator_app`; what the
 model samples and the response JSON in `generation`, the cache model in
 `prefix_cache`, the latency (GPU time) model in `gpu`, errors and injected
@@ -17,12 +21,10 @@ faults in `faults`.
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, SupportsIndex, overload
 
 import orjson
@@ -32,6 +34,7 @@ from transformers import AutoTokenizer
 from rollout_session.errors import InvalidRequest
 from rollout_session.prompt.messages import normalize_messages
 from rollout_session.prompt.tokenizer import generation_stop_ids
+from rollout_session.testing.continuation import GenerationPrompts
 from rollout_session.testing.emulator_config import EmulatorConfig
 from rollout_session.testing.faults import (
     EARLY_FAULTS,
@@ -78,6 +81,7 @@ from rollout_session.testing.vllm_answer import (
     mark_whole,
     routed_experts_npy,
 )
+from rollout_session.testing.vllm_derender import Detokenizer, SampledAnswers, derender_chat
 from rollout_session.testing.vllm_generate import (
     GenerateRequest,
     VllmError,
@@ -92,6 +96,14 @@ from rollout_session.testing.vllm_render import (
     generation_sampling_defaults,
     render_chat,
 )
+from rollout_session.testing.weights import (
+    ABORTED,
+    WAITING_ABORTED,
+    Run,
+    Span,
+    Weights,
+    policy_logprobs,
+)
 
 __all__ = ["ChatRecord", "Emulator", "EmulatorConfig"]
 
@@ -104,6 +116,12 @@ _PRIORITY_RANGE = (
 _GENERATE_MAX_NEW_TOKENS = 128
 # The model's whole answer, whatever the budget (vLLM's route cuts it itself).
 _UNBOUNDED = 1 << 62
+# Prompt ids before a completion that SGLang's detokenizer decodes it after
+# (schedule_batch.py INIT_INCREMENTAL_DETOKENIZATION_OFFSET).
+_DETOKENIZE_CONTEXT = 5
+# EngineCoreProc._reject_add_while_paused's RequestError, raised as
+# RetryableRequestError: 503 ServiceUnavailableError (error_response.py).
+_VLLM_PAUSED = "Generation is paused. Please retry after it resumes."
 
 
 @dataclass(frozen=True)
@@ -116,7 +134,8 @@ class ChatRecord:
     session_id: str | None
     # "chat" (/v1/chat/completions), "generate" (/generate),
     # "vllm-generate" (vLLM's /inference/v1/generate; session_id: X-Session-ID)
-    # or "vllm-render" (vLLM's /v1/chat/completions/render; the same).
+    # "vllm-render" (vLLM's /v1/chat/completions/render; the same) or
+    # "vllm-derender" (its /v1/chat/completions/derender; the same).
     route: str = "chat"
     body_bytes: int = 0  # length of the raw request body
     # Its headers, names lowercased (what a proxy in front passed on).
@@ -225,12 +244,22 @@ class Emulator:
         self.parsed = ParseMemo(self._decode)
         # /parse_function_call and /separate_reasoning calls, and how many were refused.
         self.parse_calls: Counter[str] = Counter()
-        # vLLM: the running /inference/v1/generate requests by engine id
-        # (what /inference/v1/abort_requests aborts), the ids asked to abort,
-        # and how many requests an abort ended.
-        self._vllm_running: dict[str, set[trio.CancelScope]] = {}
+        # Weight version, pause and the requests in flight (`weights`), and,
+        # for vLLM, the ids /inference/v1/abort_requests was asked to abort.
+        self.weights = Weights(
+            engine="vllm" if config.engine == "vllm" else "sglang",
+            version=config.weight_version,
+            model_path=config.model_name,
+            gpu=self.gpu,
+            notify=self._notify,
+            wait_until=self.wait_until,
+            flush_cache=self._flush_cache,
+        )
         self.abort_requests: list[str] = []
-        self.aborted = 0
+        # Where a continuation's prompt may split (`continuation`), and the
+        # tokens each recognised continuation's prompt carried of its answer.
+        self.generation_prompts = GenerationPrompts(self.speaker.template, self.speaker.call_ids(0))
+        self.continued: list[int] = []
         self.vllm = VllmServer(
             model_name=config.model_name,
             context_length=config.context_length,
@@ -246,6 +275,15 @@ class Emulator:
         )
         self._extra_eos = frozenset(generation_stop_ids(config.tokenizer_path) or ())
         self._token_texts: dict[int, str] = {}
+        # What /v1/chat/completions/derender parses: the token route's whole answers.
+        self.vllm_answers = SampledAnswers(self._decode)
+        self.vllm_detokenizer = Detokenizer(
+            decode=self._decode,
+            token_text=self._token_text,
+            eos_token_id=self.model.tokenizer.eos_token_id,
+            generation_eos_ids=self._extra_eos,
+            vocab_size=self.model.vocab_size,
+        )
         self._changed = trio.Event()
 
     # -- observability -------------------------------------------------------
@@ -258,6 +296,47 @@ class Emulator:
         """Return once ``predicate()`` holds; re-checked after every state change."""
         while not predicate():
             await self._changed.wait()
+
+    @property
+    def aborted(self) -> int:
+        """Requests an abort ended (any route, either engine)."""
+        return self.weights.aborted
+
+    @property
+    def weight_version(self) -> str:
+        """The label the worker samples under now (what answers report)."""
+        return self.weights.version
+
+    @property
+    def paused(self) -> bool:
+        return self.weights.paused
+
+    @property
+    def held(self) -> int:
+        """SGLang requests waiting at the pause gate or for a weight update."""
+        return self.weights.held
+
+    @property
+    def running(self) -> set[str]:
+        """Keys of the generation requests in flight: SGLang rids, vLLM
+        engine ids (what the abort routes match)."""
+        return self.weights.running()
+
+    def _flush_cache(self) -> None:
+        """The radix cache reset (SGLang's ``flush_cache``, vLLM's
+        ``reset_prefix_cache``): a new, empty cache; the open sessions'
+        references and held KV carry over."""
+        cfg = self.config
+        cache = PrefixCache(
+            cfg.cache_capacity_tokens,
+            cfg.cache_block_tokens,
+            session_refs=cfg.enable_session_radix_cache,
+        )
+        if cache.session_refs:
+            for sid in self.sessions.stats()["sessions"]:
+                cache.open_session(sid)
+        cache.reserve(self.sessions.held_tokens)
+        self.cache = self.gpu.cache = cache
 
     def note_endless_end(self) -> None:
         self.endless_ended += 1
@@ -292,6 +371,8 @@ class Emulator:
             "parse_calls": dict(self.parse_calls),
             "abort_requests": list(self.abort_requests),
             "aborted": self.aborted,
+            "continued": list(self.continued),
+            "weights": self.weights.stats(),
             "cache_used_tokens": self.cache.used_tokens,
             "cache_referenced_tokens": self.cache.referenced_tokens,
             "gpu": self.gpu.stats(),
@@ -487,26 +568,59 @@ class Emulator:
             raise BadRequest(context_length_message(cfg.context_length, len(prompt), budget))
         seed = _opt_int(body, "seed", -(2**63))
         sample = self._sample(prompt, seed, budget, _chat_tool_choice(body))
-        routed = self._routed_experts(body, prompt, sample)
+        self._routed_experts(body, prompt, sample)  # a bad start is refused before any work
 
         # serving_chat passes the top-level session_id on (session_params is dropped).
         hint = body.get("session_id")
         ref = self.cache.session_ref(hint if isinstance(hint, str) else None)
-        cached = await self.gpu.serve(cfg, prompt, sample.ids, ref)
+        given_rid = body.get("rid")
+        rid = given_rid if isinstance(given_rid, str) else uuid.uuid4().hex
+        await self.weights.admit_sglang(rid)
+        with self.weights.run(rid, "sglang") as run:
+            await self.gpu.serve(cfg, prompt, sample.ids, ref, progress=run.progress)
+        answer, spans = self._settle(run, prompt, sample)
+        cached = run.progress.cached
         self._count_work(len(prompt), cached)
-        rid = body.get("rid")
+        waiting = run.abort is not None and run.abort.waiting
         return chat_response(
-            sample,
-            rid=rid if isinstance(rid, str) else uuid.uuid4().hex,
+            answer,
+            rid=rid,
             # SGLang echoes the request's `model` ("default" when it has none).
             model=body["model"] if isinstance(body.get("model"), str) else "default",
             prompt_tokens=len(prompt),
             cached_tokens=cached,
-            weight_version=cfg.weight_version,
+            weight_version=spans[-1].version,
             e2e_latency=trio.current_time() - arrival,
-            routed_experts=routed,
+            routed_experts=None if waiting else self._routed_experts(body, prompt, answer),
             meta_info=body.get("return_meta_info") is True,
+            weight_versions=_reported_spans(spans),
+            num_retractions=run.progress.retractions,
+            waiting_abort=waiting,
         )
+
+    def _settle(self, run: Run, prompt: Sequence[int], sample: Sample) -> tuple[Sample, list[Span]]:
+        """What an SGLang request answers once its run ended: the sample, or
+        the tokens an abort left of it (`weights`), with the version spans
+        and each token's logprob under the policy that sampled it."""
+        abort = run.abort
+        if abort is not None:
+            finish = WAITING_ABORTED if abort.waiting else ABORTED
+            sample = self.speaker.segment(sample, 0, abort.tokens, dict(finish))
+            if not abort.waiting:
+                # It finished (aborted): its KV stays in the radix cache.
+                self.cache.insert([*prompt, *sample.ids])
+            self.parsed.note(_text_ids(sample), sample.message)
+        spans = self.weights.spans(run, len(sample.ids))
+        return self._policy(sample, spans, len(prompt)), spans
+
+    def _policy(self, sample: Sample, spans: Sequence[Span], first_position: int) -> Sample:
+        """`sample` with the logprobs of its tokens sampled under another
+        label than the worker's first moved (`weights.policy_logprobs`)."""
+        initial = self.weights.initial_version
+        if all(span.version == initial for span in spans):
+            return sample
+        logprobs = policy_logprobs(sample.logprobs, sample.ids, spans, initial, first_position)
+        return replace(sample, logprobs=logprobs)
 
     def _sample(
         self,
@@ -519,13 +633,47 @@ class Emulator:
     ) -> Sample:
         """The completion the model samples for `prompt`, on every route:
         what it decides is read from the prompt ids alone (and the tool call
-        a grammar forces). Noted for the parse routes (SGLang's)."""
+        a grammar forces). Noted for the parse routes (SGLang's).
+
+        A prompt ``P + S[:k]`` that continues the answer ``S`` the model
+        samples for ``P`` (same seed and constraint; ``0 < k < len(S)``) is
+        answered with ``S[k:]``, cut to ``budget`` (`continuation`): the
+        split candidates are where the prompt's last generation prompts
+        end. Its sample is a piece of ``S`` (``Sample.whole``, ``offset`` k)."""
+        for split in self.generation_prompts.split_points(prompt):
+            rest = prompt[split:]
+            try:
+                whole = self._draw(prompt[:split], seed, _UNBOUNDED, constraint)
+            except BadRequest:
+                continue
+            k = len(rest)
+            if k < len(whole.ids) and whole.ids[:k] == rest:
+                end = min(len(whole.ids), k + budget)
+                finish = dict(whole.finish)
+                if end < len(whole.ids):
+                    finish = {"type": "length", "length": budget}
+                sample = self.speaker.segment(whole, k, end, finish)
+                self.continued.append(k)
+                self._notify()
+                if note:
+                    self.parsed.note(_text_ids(whole), whole.message)
+                    self.parsed.note(_text_ids(sample), sample.message)
+                return sample
+        sample = self._draw(prompt, seed, budget, constraint)
+        if note:
+            self.parsed.note(_text_ids(sample), sample.message)
+        return sample
+
+    def _draw(
+        self, prompt: Sequence[int], seed: int | None, budget: int, constraint: ToolConstraint
+    ) -> Sample:
+        """What the model samples after `prompt` (at most `budget` tokens)."""
         cfg = self.config
         reading = self.speaker.read(prompt)
         reasoning = cfg.reasoning and reading.kwargs.get("enable_thinking", True) is not False
         try:
             calls = choose_tools(reading, constraint.choice, constraint.single)
-            sample = self.speaker.sample(
+            return self.speaker.sample(
                 SampleSpec(
                     derive_seed(cfg.seed, seed, prompt),
                     budget,
@@ -537,9 +685,6 @@ class Emulator:
             )
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
-        if note:
-            self.parsed.note(_text_ids(sample), sample.message)
-        return sample
 
     def _count_work(self, prompt_tokens: int, cached: int) -> None:
         self.prompt_tokens += prompt_tokens
@@ -620,24 +765,61 @@ class Emulator:
             prompt = turn.turn.context
             self._sessions_changed()  # tests wait for the turn to be in flight
         try:
-            sample, cached, routed = await self._run(body, sampling, prompt, turn, max_new)
+            sample, run = await self._run(body, sampling, prompt, turn, max_new, rid)
         except BaseException:
             if turn is not None:
                 self.sessions.abort(turn)
                 self._sessions_changed()
             raise
+        answer, spans = self._settle(run, prompt, sample)
         if turn is not None:
-            self.sessions.finish(turn, sample.ids)
+            if run.abort is None:
+                self.sessions.finish(turn, sample.ids)
+            else:  # an aborted turn is not appended to its session
+                self.sessions.abort(turn)
             self._sessions_changed()
+        cached = run.progress.cached
         self._count_work(len(prompt), cached)
-        meta: dict[str, Any] = {
-            "id": rid,
-            "finish_reason": dict(sample.finish),
-            "prompt_tokens": len(prompt),
-            "weight_version": cfg.weight_version,
-            "num_retractions": 0,
-        }
+        meta = self._generate_meta(body, rid, prompt, answer, run, spans, cached, arrival)
+        skip = sampling.get("skip_special_tokens")
+        text = self._detokenize(
+            prompt,
+            answer.ids if sampling.get("no_stop_trim") else _text_ids(answer),
+            skip is not False,
+        )
+        out: dict[str, Any] = {"text": text, "output_ids": answer.ids, "meta_info": meta}
+        if body.get("return_prompt_token_ids"):
+            out["prompt_token_ids"] = ids  # the request's own ids, as tokenized
+        return Reply(200, orjson.dumps(out))
+
+    def _generate_meta(
+        self,
+        body: dict[str, Any],
+        rid: str,
+        prompt: list[int],
+        sample: Sample,
+        run: Run,
+        spans: list[Span],
+        cached: int,
+        arrival: float,
+    ) -> dict[str, Any]:
+        """``/generate``'s ``meta_info`` (TM ``_handle_batch_output``; for a
+        request aborted in the waiting queue, ``_handle_abort_req``'s)."""
         n = len(sample.ids)
+        reported = _reported_spans(spans)
+        waiting = run.abort is not None and run.abort.waiting
+        meta: dict[str, Any] = {"id": rid, "finish_reason": dict(sample.finish)}
+        if waiting:
+            meta["weight_version"] = spans[-1].version
+            meta["e2e_latency"] = trio.current_time() - arrival
+            if reported is not None:
+                meta["weight_versions"] = reported
+        else:
+            meta.update(
+                prompt_tokens=len(prompt),
+                weight_version=spans[-1].version,
+                num_retractions=run.progress.retractions,
+            )
         if body.get("return_logprob"):
             texts: list[str | None] = (
                 list(self.speaker.template.decode_pieces(sample.ids))
@@ -651,23 +833,31 @@ class Emulator:
                 for lp, tok, text in zip(sample.logprobs, sample.ids, texts, strict=True)
             ]
             meta["output_token_logprobs_length"] = n
+        if waiting:
+            meta["completion_tokens"] = n
+            return meta
         meta.update(
             reasoning_tokens=sample.reasoning_tokens,
             completion_tokens=n,
             cached_tokens=cached,
         )
+        if reported is not None:
+            meta["weight_versions"] = reported
+        routed = self._routed_experts(body, prompt, sample)
         if routed is not None:
             meta["routed_experts"] = routed
         meta["e2e_latency"] = trio.current_time() - arrival
-        skip = sampling.get("skip_special_tokens")
-        text = self._decode(
-            sample.ids if sampling.get("no_stop_trim") else _text_ids(sample),
-            skip is not False,
-        )
-        answer: dict[str, Any] = {"text": text, "output_ids": sample.ids, "meta_info": meta}
-        if body.get("return_prompt_token_ids"):
-            answer["prompt_token_ids"] = ids  # the request's own ids, as tokenized
-        return Reply(200, orjson.dumps(answer))
+        return meta
+
+    def _detokenize(self, prompt: Sequence[int], ids: Sequence[int], skip: bool) -> str:
+        """The detokenizer's text of a completion: decoded after the last
+        prompt ids (``Req.init_incremental_detokenize``'s surrounding
+        offset; DetokenizerManager keeps what follows their text)."""
+        context = list(prompt[-_DETOKENIZE_CONTEXT:])
+        if not context:
+            return self._decode(ids, skip)
+        head = self._decode(context, skip)
+        return self._decode([*context, *ids], skip)[len(head) :]
 
     async def _run(
         self,
@@ -676,9 +866,10 @@ class Emulator:
         prompt: list[int],
         turn: SessionTurn | None,
         max_new: int | None,
-    ) -> tuple[Sample, int, str | None]:
-        """Sample and wait the GPU time of one /generate request;
-        (sample, cached tokens, routed experts blob)."""
+        rid: str,
+    ) -> tuple[Sample, Run]:
+        """Sample and wait the GPU time of one /generate request, once past
+        the pause gate: (sample, its run)."""
         cfg = self.config
         if len(prompt) >= cfg.context_length:
             raise BadRequest(
@@ -697,34 +888,41 @@ class Emulator:
         room = cfg.context_length - len(prompt)
         budget = max(1, room if max_new is None else min(max_new, room))
         sample = self._sample(prompt, sampling.get("sampling_seed"), budget, constraint)
-        routed = self._routed_experts(body, prompt, sample)
-        if turn is None or not turn.streaming:
-            # A radix-native session (top-level session_id) or a non-streaming
-            # session_params session: both reference their KV under the flag.
-            hint = body.get("session_id") if turn is None else turn.session_id
-            ref = self.cache.session_ref(hint if isinstance(hint, str) else None)
-            cached = await self.gpu.serve(cfg, prompt, sample.ids, ref)
-        else:
-            cached = await self.gpu.serve(
-                cfg,
-                prompt,
-                sample.ids,
-                None,
-                held=turn.held_prefix,
-                fill="prompt" if turn.publish else "none",
-            )
-        return sample, cached, routed
+        self._routed_experts(body, prompt, sample)  # a bad start is refused before any work
+        await self.weights.admit_sglang(rid)
+        with self.weights.run(rid, "sglang") as run:
+            if turn is None or not turn.streaming:
+                # A radix-native session (top-level session_id) or a non-streaming
+                # session_params session: both reference their KV under the flag.
+                hint = body.get("session_id") if turn is None else turn.session_id
+                ref = self.cache.session_ref(hint if isinstance(hint, str) else None)
+                await self.gpu.serve(cfg, prompt, sample.ids, ref, progress=run.progress)
+            else:
+                await self.gpu.serve(
+                    cfg,
+                    prompt,
+                    sample.ids,
+                    None,
+                    held=turn.held_prefix,
+                    fill="prompt" if turn.publish else "none",
+                    progress=run.progress,
+                )
+        return sample, run
 
     def _routed_experts(
         self, body: dict[str, Any], prompt: list[int], sample: Sample
     ) -> str | None:
         """``meta_info.routed_experts`` if the request asks for it (chat and
-        /generate alike); raises BadRequest for a start past the positions."""
+        /generate alike); raises BadRequest for a start past the positions
+        (checked on the whole sample before it is served: an aborted
+        answer's shorter one has none then)."""
         if not lax_true(body.get("return_routed_experts")):
             return None
         start_len = _opt_int(body, "routed_experts_start_len", 0) or 0
         forwarded = len(prompt) + len(sample.ids) - 1  # the last sampled token is never forwarded
         if start_len > forwarded:
+            if sample.finish.get("type") == "abort":
+                return None
             raise BadRequest(f"routed_experts_start_len {start_len} > {forwarded} positions")
         cfg = self.config
         if not cfg.return_routed_experts:
@@ -777,6 +975,30 @@ class Emulator:
             return exc.reply()
         return Reply(200, orjson.dumps(answer))
 
+    async def handle_vllm_derender(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        """One vLLM ``/v1/chat/completions/derender`` call (``headers``
+        lowercased), counted: the chat completion vLLM's parsers make of a
+        token-route answer (`vllm_derender`). Recorded with route
+        "vllm-derender"; no GPU time, no fault."""
+        return await self._counted(self._vllm_derender(raw, headers))
+
+    async def _vllm_derender(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        session = headers.get("x-session-id")
+        self._record(
+            ChatRecord(body, trio.current_time(), None, session, "vllm-derender", len(raw), headers)
+        )
+        return derender_chat(
+            raw,
+            headers.get("content-type", ""),
+            self.vllm,
+            self.vllm_detokenizer,
+            self.vllm_answers,
+        )
+
     async def _vllm_generate(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         arrival = trio.current_time()
         try:
@@ -822,6 +1044,7 @@ class Emulator:
             sample = self._sample(prompt, s.seed, _UNBOUNDED, constraint, note=False)
         except BadRequest as exc:
             raise VllmError(str(exc)) from None
+        self.vllm_answers.note(sample.whole or sample)
         ended = sample.finish.get("type") == "stop" and isinstance(
             sample.finish.get("matched"), int
         )
@@ -841,19 +1064,25 @@ class Emulator:
         )
         if fault == "abort":  # aborted mid-decode: one token short
             outcome = aborted(outcome, len(outcome.ids) - 1, self._decode, s, whole_text)
-        cached: int | None = None
-        with self._abortable(engine_id) as scope:
+        if self.weights.refuses_vllm():  # /pause in abort or wait mode
+            return VllmError(_VLLM_PAUSED, type_="ServiceUnavailableError", code=503).reply()
+        with self.weights.run(engine_id, "vllm") as run:
             if fault == "stall":
                 await trio.sleep_forever()
-            cached = await self.gpu.serve(cfg, prompt, outcome.ids, None)
-        if scope.cancelled_caught:  # /inference/v1/abort_requests
-            self.aborted += 1
-            done = 0 if fault == "stall" else self._decoded_so_far(prompt, arrival)
-            outcome = aborted(outcome, min(done, len(outcome.ids) - 1), self._decode, s, whole_text)
-            cached = 0
-        assert cached is not None
+            await self.gpu.serve(cfg, prompt, outcome.ids, None, progress=run.progress)
+        cached = run.progress.cached
+        if run.abort is not None:  # /inference/v1/abort_requests, /pause, /abort_requests
+            outcome = aborted(outcome, run.abort.tokens, self._decode, s, whole_text)
+            if run.progress.phase == "decode":
+                self.cache.insert([*prompt, *outcome.ids])  # its computed blocks stay cached
+        spans = self.weights.spans(run, len(outcome.ids))
+        if any(span.version != self.weights.initial_version for span in spans):
+            logprobs = policy_logprobs(
+                outcome.logprobs, outcome.ids, spans, self.weights.initial_version, len(prompt)
+            )
+            outcome = replace(outcome, logprobs=logprobs)
         self._count_work(len(prompt), cached)
-        return self._vllm_reply(request, engine_id, sample.message, outcome, cached, fault)
+        return self._vllm_reply(request, engine_id, sample.message, outcome, cached, fault, spans)
 
     def _vllm_reply(
         self,
@@ -863,6 +1092,7 @@ class Emulator:
         outcome: Outcome,
         cached: int,
         fault: str | None,
+        spans: Sequence[Span],
     ) -> Reply:
         cfg = self.config
         prompt = request.token_ids
@@ -894,7 +1124,7 @@ class Emulator:
             prompt_tokens=len(prompt),
             cached_tokens=cached if cfg.enable_prompt_tokens_details else None,
             routed=routed,
-            weight_version=cfg.weight_version,
+            weight_versions=[span.json() for span in spans],
             message=message,
             hide_metadata=context is not None and not context.include_reasoning,
             token=self._token_text,
@@ -910,36 +1140,11 @@ class Emulator:
             text = self._token_texts[token] = str(self.model.tokenizer.decode([token]))
         return text
 
-    def _decoded_so_far(self, prompt: Sequence[int], arrival: float) -> int:
-        """Tokens an aborted request had sampled: the decode time its elapsed
-        time paid for after its base latency and prefill (the independent
-        latency model's estimate; 0 when decoding costs nothing)."""
-        cfg = self.config
-        if cfg.decode_s_per_token <= 0:
-            return 0
-        elapsed = trio.current_time() - arrival
-        decode = elapsed - cfg.base_latency_s - cfg.prefill_s_per_token * len(prompt)
-        return max(0, math.floor(decode / cfg.decode_s_per_token))
-
     @property
     def vllm_running(self) -> set[str]:
         """Engine ids (``generate-tokens-<id>``) of the running vLLM generate
         requests: what /inference/v1/abort_requests can abort now."""
-        return set(self._vllm_running)
-
-    @contextmanager
-    def _abortable(self, engine_id: str) -> Iterator[trio.CancelScope]:
-        """A scope /inference/v1/abort_requests cancels for ``engine_id``."""
-        with trio.CancelScope() as scope:
-            self._vllm_running.setdefault(engine_id, set()).add(scope)
-            self._notify()
-            try:
-                yield scope
-            finally:
-                running = self._vllm_running[engine_id]
-                running.discard(scope)
-                if not running:
-                    del self._vllm_running[engine_id]
+        return {run.key for run in self.weights.runs() if run.engine == "vllm"}
 
     def vllm_abort_requests(self, raw: bytes) -> Reply:
         """``/inference/v1/abort_requests {request_ids}`` (``api_router.py``
@@ -960,10 +1165,7 @@ class Emulator:
             return Reply(400, vllm_error_body(message, "Bad Request", 400))
         wanted = [ids] if isinstance(ids, str) else [i for i in ids if isinstance(i, str)]
         self.abort_requests.extend(wanted)
-        for engine_id in wanted:
-            for scope in self._vllm_running.get(engine_id, ()):
-                scope.cancel()
-        self._notify()
+        self.weights.abort_keys(wanted, "inference/v1/abort_requests")
         return Reply(200, b"")
 
     # -- /parse_function_call, /separate_reasoning ---------------------------
@@ -1040,6 +1242,15 @@ def _chat_tool_choice(body: dict[str, Any]) -> ToolConstraint:
     return ToolConstraint(
         str(value), single=value == "required" and body.get("parallel_tool_calls") is False
     )
+
+
+def _reported_spans(spans: Sequence[Span]) -> list[dict[str, Any]] | None:
+    """SGLang's ``meta_info.weight_versions`` (and the chat route's
+    ``metadata``), reported for an answer that spans a version change.
+    SGLang 0.5.23 reports them for every finished answer; the single span
+    of an answer sampled under one label says no more than its
+    ``weight_version`` (docs/emulator.md#weight-updates)."""
+    return [span.json() for span in spans] if len(spans) > 1 else None
 
 
 def _text_ids(sample: Sample) -> list[int]:

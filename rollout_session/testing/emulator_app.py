@@ -2,11 +2,16 @@
 
 Owns `create_emulator_app` (one `Emulator` per app, reachable as
 ``app.extensions["emulator"]``), the thin route adapters (SGLang's
-``/health``, ``/get_model_info``, ``/server_info``, ``/v1/models``, ``/v1/chat/completions``,
+``/health``, ``/get_model_info`` and ``/model_info``, ``/server_info`` and
+``/get_server_info``, ``/v1/models``, ``/v1/chat/completions``,
 ``/generate``, ``/parse_function_call``, ``/separate_reasoning``, ``/open_session``,
-``/close_session``; or, with ``engine="vllm"``, vLLM's ``/health``, ``/version``,
+``/close_session``, and the weight-update routes ``/update_weight_version``,
+``/update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``,
+``/abort_request``; or, with ``engine="vllm"``, vLLM's ``/health``, ``/version``,
 ``/load``, ``/v1/models``, ``/inference/v1/generate``,
-``/inference/v1/abort_requests``, ``/v1/chat/completions/render``; plus
+``/inference/v1/abort_requests``, ``/v1/chat/completions/render``, and in
+dev mode the RL routes ``/pause``, ``/resume``, ``/is_paused``,
+``/update_weight_version``, ``/weight_info``, ``/abort_requests``; plus
 ``/emulator/stats``) and
 `start_emulator`. What a call does is the `Emulator`'s job (`emulator`);
 this module only moves bytes and status codes between it and HTTP.
@@ -23,6 +28,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from rollout_session.http.serving import RunningServer, start_server
+from rollout_session.testing import weight_routes
 from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.faults import FAULT_HEADER, BodyFaultMiddleware, Reply
 from rollout_session.testing.generation import TextModel
@@ -30,6 +36,8 @@ from rollout_session.testing.vllm_generate import error_body as vllm_error_body
 from rollout_session.testing.vllm_generate import random_uuid
 from rollout_session.testing.vllm_names import VLLM_VERSION
 from rollout_session.testing.vllm_render import RENDER_PATH
+
+DERENDER_PATH = "/v1/chat/completions/derender"
 
 __all__ = ["SGLANG_VERSION", "create_emulator_app", "start_emulator"]
 
@@ -83,23 +91,32 @@ def create_emulator_app(
 def _add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
     config = emulator.config
 
+    weights = emulator.weights
+
     async def health() -> Response:
         return _json({})
 
     async def model_info() -> Response:
+        # http_server.model_info (and /get_model_info, its deprecated alias):
+        # the tokenizer manager's live model path, served name, load format
+        # and weight version (moved by weight updates).
         return _json(
             {
-                "model_path": config.model_name,
+                "model_path": weights.model_path,
+                "served_model_name": weights.model_path,
                 "tokenizer_path": str(config.tokenizer_path),
                 "is_generation": True,
-                "weight_version": config.weight_version,
+                "weight_version": weights.reported_version,
+                "load_format": weights.load_format,
             }
         )
 
     async def server_info() -> Response:
-        # SGLang's /server_info is its resolved server args (flat, by field
-        # name) plus live state and `version`; these are the fields the
-        # emulator models.
+        # SGLang's /server_info (and /get_server_info, its deprecated alias)
+        # is its resolved server args (flat, by field name) plus live
+        # scheduler state and `version`; these are the fields the emulator
+        # models. Its weight_version is the launch one: a weight update moves
+        # /model_info's, not this.
         return _json(
             {
                 "model_path": config.model_name,
@@ -155,10 +172,34 @@ def _add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
     async def stats() -> Response:
         return _json(emulator.stats())
 
+    # Weight updates, pauses, aborts (weight_routes, weights).
+    async def update_weight_version() -> Response:
+        return _reply(weight_routes.sglang_update_weight_version(weights, await _raw_body()))
+
+    async def update_weights_from_disk() -> Response:
+        raw = await _raw_body()
+        return _reply(await weight_routes.sglang_update_weights_from_disk(weights, raw))
+
+    async def pause_generation() -> Response:
+        return _reply(await weight_routes.sglang_pause_generation(weights, await _raw_body()))
+
+    async def continue_generation() -> Response:
+        return _reply(weight_routes.sglang_continue_generation(weights, await _raw_body()))
+
+    async def abort_request() -> Response:
+        return _reply(weight_routes.sglang_abort_request(weights, await _raw_body()))
+
     for path, view, method in (
         ("/health", health, "GET"),
         ("/get_model_info", model_info, "GET"),
+        ("/model_info", model_info, "GET"),
         ("/server_info", server_info, "GET"),
+        ("/get_server_info", server_info, "GET"),
+        ("/update_weight_version", update_weight_version, "POST"),
+        ("/update_weights_from_disk", update_weights_from_disk, "POST"),
+        ("/pause_generation", pause_generation, "POST"),
+        ("/continue_generation", continue_generation, "POST"),
+        ("/abort_request", abort_request, "POST"),
         ("/v1/models", models, "GET"),
         ("/v1/chat/completions", chat, "POST"),
         ("/generate", generate, "POST"),
@@ -168,7 +209,7 @@ def _add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
         ("/close_session", close_session, "POST"),
         ("/emulator/stats", stats, "GET"),
     ):
-        app.add_url_rule(path, view_func=view, methods=[method])
+        app.add_url_rule(path, view_func=view, methods=[method], endpoint=f"{view.__name__}:{path}")
 
 
 # vLLM's scale-out paths (`entrypoints/scale_out/factories.py`
@@ -252,6 +293,11 @@ def _add_vllm_routes(app: QuartTrio, emulator: Emulator) -> None:
         headers = {name.lower(): value for name, value in request.headers.items()}
         return _reply(await emulator.handle_vllm_render(raw, headers))
 
+    async def derender() -> Response:
+        raw = await _raw_body()
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        return _reply(await emulator.handle_vllm_derender(raw, headers))
+
     async def abort_requests() -> Response:
         return _reply(emulator.vllm_abort_requests(await _raw_body()))
 
@@ -269,6 +315,28 @@ def _add_vllm_routes(app: QuartTrio, emulator: Emulator) -> None:
     async def stats() -> Response:
         return _json(emulator.stats())
 
+    # The RL routes (entrypoints/rl/online/api_router.py), dev mode only.
+    weights = emulator.weights
+
+    async def pause() -> Response:
+        query = {key: request.args.getlist(key)[-1] for key in request.args}
+        return _reply(await weight_routes.vllm_pause(weights, query))
+
+    async def resume() -> Response:
+        return _reply(weight_routes.vllm_resume(weights))
+
+    async def is_paused() -> Response:
+        return _reply(weight_routes.vllm_is_paused(weights))
+
+    async def update_weight_version() -> Response:
+        return _reply(weight_routes.vllm_update_weight_version(weights, await _raw_body()))
+
+    async def weight_info() -> Response:
+        return _reply(weight_routes.vllm_weight_info(weights))
+
+    async def rl_abort_requests() -> Response:
+        return _reply(weight_routes.vllm_abort_requests(weights, await _raw_body()))
+
     routes: list[tuple[str, Any, str]] = [
         ("/health", health, "GET"),
         ("/version", version, "GET"),
@@ -277,12 +345,26 @@ def _add_vllm_routes(app: QuartTrio, emulator: Emulator) -> None:
         ("/emulator/stats", stats, "GET"),
         *((path, not_served, "POST") for path in _UNMODELLED_PATHS),
     ]
+    if config.dev_mode:
+        routes += [
+            ("/pause", pause, "POST"),
+            ("/resume", resume, "POST"),
+            ("/is_paused", is_paused, "GET"),
+            ("/update_weight_version", update_weight_version, "POST"),
+            ("/weight_info", weight_info, "GET"),
+            ("/abort_requests", rl_abort_requests, "POST"),
+        ]
     if config.enable_scale_out:
         routes += [
             ("/inference/v1/generate", generate, "POST"),
             ("/inference/v1/abort_requests", abort_requests, "POST"),
             (RENDER_PATH, render, "POST"),
-            *((path, not_served, "POST") for path in _RENDER_PATHS if path != RENDER_PATH),
+            (DERENDER_PATH, derender, "POST"),
+            *(
+                (path, not_served, "POST")
+                for path in _RENDER_PATHS
+                if path not in (RENDER_PATH, DERENDER_PATH)
+            ),
         ]
     else:
         paths = (*_RENDER_PATHS, "/inference/v1/generate", "/inference/v1/abort_requests")

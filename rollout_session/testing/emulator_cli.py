@@ -125,6 +125,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="usage.prompt_tokens_details.cached_tokens in every answer",
     )
     vllm.add_argument(
+        "--dev-mode",
+        action="store_true",
+        help="as vLLM with VLLM_SERVER_DEV_MODE=1: serve the RL routes (/pause, /resume, "
+        "/is_paused, /update_weight_version, /weight_info, /abort_requests)",
+    )
+    vllm.add_argument(
         "--enable-return-routed-experts",
         action="store_true",
         help="routed_experts (base64 .npy) in every answer; vLLM's default is off "
@@ -156,6 +162,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        dev_mode=args.dev_mode,
         # None: the engine's default (on for SGLang, off for vLLM).
         return_routed_experts=True if args.enable_return_routed_experts else None,
         model_name=args.model_name,

@@ -74,6 +74,10 @@ class EmulatorConfig:
     reasoning_parser: str | None = None
     # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.
     enable_prompt_tokens_details: bool = False
+    # vLLM started with VLLM_SERVER_DEV_MODE=1 (off by default, as in vLLM):
+    # the RL routes (/pause, /resume, /is_paused, /update_weight_version,
+    # /weight_info, /abort_requests) are served; without it they are 404.
+    dev_mode: bool = False
     # Chat requests kept in `Emulator.requests` (oldest dropped first); long
     # benchmarks keep this small since bodies carry whole prompts.
     record_limit: int = 1000
@@ -117,6 +121,7 @@ class EmulatorConfig:
             "tool_call_parser",
             "reasoning_parser",
             "enable_prompt_tokens_details",
+            "dev_mode",
         )
         for name in sglang_only if vllm else vllm_only:
             if getattr(self, name) not in (None, False):

@@ -91,13 +91,23 @@ class SampleSpec:
 @dataclass(frozen=True)
 class Sample:
     """One completion: sampled ids (with the stop token when it stopped),
-    logprobs, and the message SGLang's parsers make of them."""
+    logprobs, and the message SGLang's parsers make of them.
+
+    A sample can be a piece of a longer answer (`Speaker.segment`): the
+    tokens ``[offset, offset + len(ids))`` of ``whole``, the model's whole
+    answer (a continuation's rest, an aborted answer's tokens so far).
+    """
 
     ids: list[int]
     logprobs: list[float]
     finish: dict[str, Any]  # SGLang's meta_info.finish_reason
     reasoning_tokens: int
     message: dict[str, Any]
+    # The answer the model wrote (content, reasoning, tool calls with their
+    # arguments as objects): what a piece's parsed message is made from.
+    answer: dict[str, Any] | None = None
+    offset: int = 0
+    whole: Sample | None = None
 
 
 class TextModel:
@@ -200,16 +210,70 @@ class Speaker:
             ids = self._text(rng, spec.target_tokens, context, answer, tools, kwargs)
         stopped = ids[-1] in self.template.stop_ids
         finish: dict[str, Any] = {"type": "stop", "matched": ids[-1]}
+        # Strictly negative, like a real sampler's log-probabilities; drawn
+        # for the whole answer, so a cut answer's are the whole one's first.
+        logprobs = (-np.round(rng.exponential(0.3, len(ids)) + 1e-4, 4)).tolist()
         if len(ids) > spec.max_tokens:
-            ids = ids[: spec.max_tokens]
+            ids, logprobs = ids[: spec.max_tokens], logprobs[: spec.max_tokens]
             finish = {"type": "length", "length": spec.max_tokens}
         elif not stopped:  # a template whose output names no stop token
             finish = {"type": "stop", "matched": None}
-        # Strictly negative, like a real sampler's log-probabilities.
-        logprobs = (-np.round(rng.exponential(0.3, len(ids)) + 1e-4, 4)).tolist()
         message = self._message(answer, ids, finish["type"] == "length")
         reasoning = message.get("reasoning_content")
-        return Sample(ids, logprobs, finish, self._reasoning_tokens(reasoning), message)
+        return Sample(ids, logprobs, finish, self._reasoning_tokens(reasoning), message, answer)
+
+    def segment(self, sample: Sample, start: int, end: int, finish: dict[str, Any]) -> Sample:
+        """The tokens ``[start, end)`` of ``sample`` as a sample of their own,
+        finishing with ``finish``: an aborted answer's tokens so far
+        (``start`` 0), a continuation's rest (the whole answer's tokens
+        after the ones its prompt ends with). Its message is what the
+        parsers make of those tokens alone (`_piece_message`)."""
+        root = sample.whole or sample
+        start, end = sample.offset + start, sample.offset + end
+        ids = root.ids[start:end]
+        answer = root.answer or root.message
+        if start == 0 and end == len(root.ids):
+            message = root.message
+        elif start == 0:
+            message = self._message(answer, ids, cut=True)
+        else:
+            message = self._piece_message(root, start, end)
+        reasoning = message.get("reasoning_content")
+        return Sample(
+            ids,
+            root.logprobs[start:end],
+            finish,
+            self._reasoning_tokens(reasoning),
+            message,
+            answer,
+            start,
+            root if start or end != len(root.ids) else None,
+        )
+
+    def _piece_message(self, root: Sample, start: int, end: int) -> dict[str, Any]:
+        """The message of the tokens ``[start, end)`` of the answer ``root``
+        (``start`` > 0), read as a continuation of the tokens before it: if
+        those left a ``<think>`` block open, the piece's text up to
+        ``</think>`` is reasoning (all of it when the block does not close
+        in the piece, and the whitespace after it is dropped); the tool
+        calls are reported when the piece holds them whole (it runs to the
+        answer's end and no call began before it); the rest of the text,
+        special tokens skipped, is the content."""
+        answer = root.answer or root.message
+        head = self.template.decode(root.ids[:start])
+        plain = str(self.model.tokenizer.decode(root.ids[start:end], skip_special_tokens=True))
+        reasoning: str | None = None
+        if answer.get("reasoning_content") and _THINK[0] in head and _THINK[1] not in head:
+            thought, _, plain = plain.partition(_THINK[1])
+            reasoning, plain = thought.strip() or None, plain.lstrip()
+        message: dict[str, Any] = {"role": "assistant", "content": plain}
+        calls = root.message.get("tool_calls") or []
+        if calls and end == len(root.ids) and not any(c["function"]["name"] in head for c in calls):
+            message["content"] = root.message.get("content") or ""
+            message["tool_calls"] = calls
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        return message
 
     def _ids(
         self,

@@ -43,7 +43,7 @@ from rollout_session.engines.base import (
 from rollout_session.engines.sglang_chat.answer import AnswerCheck, check_answer
 from rollout_session.prompt.messages import Message, assistant_message
 from rollout_session.prompt.model_output import answer_ids
-from rollout_session.tokens import IdArray, LogprobArray
+from rollout_session.tokens import IdArray, LogprobArray, VersionSpan
 
 if TYPE_CHECKING:
     from rollout_session.prompt.tokenizer import ChatTokenizer
@@ -127,7 +127,9 @@ class Replay:
             reasoning_content=message.get("reasoning_content"),
             finish_reason=self.finish_reason,
             model=self.model,
-            weight_version=self.weight_version,
+            weight_versions=(VersionSpan(0, len(self.ids), self.weight_version),)
+            if len(self.ids)
+            else (),
             cached_tokens=self.cached_tokens,
             experts=self.experts,
             worker=worker,

@@ -74,11 +74,27 @@ def chat_response(
     e2e_latency: float,
     routed_experts: str | None,
     meta_info: bool,
+    weight_versions: list[dict[str, Any]] | None = None,
+    num_retractions: int = 0,
+    waiting_abort: bool = False,
 ) -> dict[str, Any]:
-    """SGLang's ``/v1/chat/completions`` answer (``meta_info`` if asked for)."""
+    """SGLang's ``/v1/chat/completions`` answer (``meta_info`` if asked for).
+
+    ``weight_versions``: the answer's version spans
+    (``utils/weight_versions.py`` ``add_weight_versions_to_meta_info``), in
+    ``meta_info`` and, with ``weight_version``, in the top-level
+    ``metadata`` (``build_endpoint_weight_version_metadata``); None: neither
+    (the emulator reports them for answers that span a version change).
+    ``waiting_abort``: a request aborted in the waiting queue, answered by
+    the tokenizer manager (``_handle_abort_req``): its ``meta_info`` has no
+    prompt, cached or reasoning counts, so ``usage`` counts them 0
+    (``UsageProcessor.calculate_response_usage`` defaults).
+    """
     finish = dict(sample.finish)
     message = sample.message
-    if message.get("tool_calls"):
+    if message.get("tool_calls") and finish.get("type") == "stop":
+        # serving_chat._process_tool_calls: a parsed call turns "stop" into
+        # "tool_calls"; "length" and "abort" stay.
         finish = {"type": "tool_calls", "matched": None}
     choice: dict[str, Any] = {
         "index": 0,
@@ -87,25 +103,48 @@ def chat_response(
         "matched_stop": finish.get("matched"),
     }
     n = len(sample.ids)
+    if waiting_abort:
+        prompt_tokens = cached_tokens = 0
+    reasoning_tokens = 0 if waiting_abort else sample.reasoning_tokens
     if meta_info:
-        choice["meta_info"] = {
-            "id": rid,
-            "finish_reason": finish,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": n,
-            "cached_tokens": cached_tokens,
-            "reasoning_tokens": sample.reasoning_tokens,
-            "weight_version": weight_version,
-            "num_retractions": 0,
-            "e2e_latency": e2e_latency,
-            "output_token_logprobs": [
-                [lp, tok, None] for lp, tok in zip(sample.logprobs, sample.ids, strict=True)
-            ],
-            "output_token_logprobs_length": n,
-        }
-        if routed_experts is not None:
-            choice["meta_info"]["routed_experts"] = routed_experts
-    return {
+        logprobs = [[lp, tok, None] for lp, tok in zip(sample.logprobs, sample.ids, strict=True)]
+        meta: dict[str, Any]
+        if waiting_abort:
+            meta = {
+                "id": rid,
+                "finish_reason": finish,
+                "weight_version": weight_version,
+                "e2e_latency": e2e_latency,
+            }
+            if weight_versions is not None:
+                meta["weight_versions"] = weight_versions
+            meta.update(
+                output_token_logprobs=logprobs,
+                output_token_logprobs_length=n,
+                completion_tokens=n,
+            )
+        else:
+            meta = {
+                "id": rid,
+                "finish_reason": finish,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": n,
+                "cached_tokens": cached_tokens,
+                "reasoning_tokens": reasoning_tokens,
+                "weight_version": weight_version,
+            }
+            if weight_versions is not None:
+                meta["weight_versions"] = weight_versions
+            meta.update(
+                num_retractions=num_retractions,
+                e2e_latency=e2e_latency,
+                output_token_logprobs=logprobs,
+                output_token_logprobs_length=n,
+            )
+            if routed_experts is not None:
+                meta["routed_experts"] = routed_experts
+        choice["meta_info"] = meta
+    answer: dict[str, Any] = {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -116,6 +155,9 @@ def chat_response(
             "total_tokens": prompt_tokens + n,
             "completion_tokens": n,
             "prompt_tokens_details": {"cached_tokens": cached_tokens},
-            "reasoning_tokens": sample.reasoning_tokens,
+            "reasoning_tokens": reasoning_tokens,
         },
     }
+    if weight_versions is not None:
+        answer["metadata"] = {"weight_version": weight_version, "weight_versions": weight_versions}
+    return answer

@@ -401,14 +401,16 @@ def generate_answer(
     prompt_tokens: int,
     cached_tokens: int | None,
     routed: str | None,
-    weight_version: str,
+    weight_versions: list[dict[str, Any]],
     message: tuple[dict[str, Any], str] | None,
     hide_metadata: bool,
     token: Callable[[int], str],
 ) -> dict[str, Any]:
     """The non-streaming answer (``GenerateResponseBase`` fields, then
     ``output_mode``, then ``choices``); ``cached_tokens`` None: no
-    ``prompt_tokens_details`` (without --enable-prompt-tokens-details)."""
+    ``prompt_tokens_details`` (without --enable-prompt-tokens-details);
+    ``weight_versions``: the output's spans (``CompletionOutput.weight_versions``:
+    ``output_processor.py`` ``_weight_version_spans``, [] without tokens)."""
     n = len(outcome.ids)
     mode = request.output_mode
     logprobs = (
@@ -424,7 +426,7 @@ def generate_answer(
         "token_ids": list(outcome.ids),
         "routed_experts": routed,
         "sampling_mask": None,
-        "weight_versions": [{"version": weight_version, "start": 0, "end": n}] if n else [],
+        "weight_versions": weight_versions,
     }
     if mode == "text":
         choice["text"] = outcome.text

@@ -53,3 +53,23 @@ class TurnMetrics:
         self.busy = Counter(
             "rollout_busy_rejections", "Turns refused with 409 session_busy", registry=r
         )
+        self.interrupted = Counter(
+            "rollout_turns_interrupted",
+            "Worker answers that aborted a turn (a weight update, a pause), by what "
+            "came of them: continued (a continuation answered), resampled (the turn "
+            "sampled afresh: the engine could not continue it exactly), returned "
+            "(--on-abort return) or failed (--max-continuations)",
+            ["action"],
+            registry=r,
+        )
+        self.reprefilled = Counter(
+            "rollout_reprefilled_tokens",
+            "Prompt tokens continuations sent that their worker did not have cached",
+            registry=r,
+        )
+        self.pause_wait = Histogram(
+            "rollout_pause_wait_seconds",
+            "Time an interrupted turn waited for the server to resume",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )

@@ -1,44 +1,80 @@
 """Pausing turns for a weight sync: `PauseGate`.
 
-New turns wait for resume up to ``--pause-wait-s``, then 503
-``server_paused``; in-flight turns finish, and `PauseGate.pause` returns once
-none is left, so the trainer knows the workers are quiet.
+While paused, new turns wait for resume up to ``--pause-wait-s``, then 503
+``server_paused``. `pause` in ``drain`` mode returns once no turn is at a
+worker, so the trainer knows the workers are quiet; in ``abort`` mode it
+interrupts the turns at their workers (each answers ``abort`` with what it
+sampled) and returns at once. A turn its worker interrupted waits here for
+resume (however long: it holds sampled work) and is then continued; while
+it waits it is not at a worker, so a drain does not wait for it.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import trio
 
 from ..errors import ServerPaused
 
-__all__ = ["PauseGate"]
+__all__ = ["PauseGate", "PauseMode"]
+
+
+class PauseMode(enum.Enum):
+    # Wait for the turns at workers to finish.
+    DRAIN = "drain"
+    # Interrupt them (abort at their workers): they continue after resume.
+    ABORT = "abort"
 
 
 class PauseGate:
-    """Turns pass while open; `pause` closes it and waits for in-flight turns."""
+    """Turns pass while open; `pause` closes it (see the module)."""
 
-    def __init__(self, wait_s: float) -> None:
+    def __init__(
+        self,
+        wait_s: float,
+        *,
+        interrupt: Callable[[], Awaitable[int]] | None = None,
+        resume_sending: Callable[[], None] | None = None,
+    ) -> None:
         self._wait_s = wait_s
+        # Abort the turn requests at workers and hold new ones (the pool's).
+        self._interrupt = interrupt
+        self._resume_sending = resume_sending
         self._open = trio.Event()
         self._open.set()
+        # Turns admitted and not waiting to continue: at (or on their way
+        # to) a worker.
         self.inflight = 0
+        self.waiting = 0  # interrupted turns waiting for resume
         self._idle = trio.Event()
+        # The policy version the trainer declared on resume (None: none yet):
+        # it names tokens whose engine reports no version.
+        self.declared_version: str | None = None
 
     @property
     def paused(self) -> bool:
         return not self._open.is_set()
 
-    async def pause(self) -> None:
+    async def pause(self, mode: PauseMode = PauseMode.DRAIN) -> int:
+        """Close the gate. DRAIN: return once no turn is at a worker (0).
+        ABORT: interrupt the turns at workers; return how many were asked."""
         if not self.paused:
             self._open = trio.Event()
+        if mode is PauseMode.ABORT:
+            return await self._interrupt() if self._interrupt is not None else 0
         while self.inflight:
             await self._idle.wait()
+        return 0
 
-    def resume(self) -> None:
+    def resume(self, weight_version: str | None = None) -> None:
+        if weight_version is not None:
+            self.declared_version = weight_version
+        if self._resume_sending is not None:
+            self._resume_sending()
         self._open.set()
 
     @asynccontextmanager
@@ -56,7 +92,25 @@ class PauseGate:
         try:
             yield
         finally:
-            self.inflight -= 1
-            if not self.inflight:
-                self._idle.set()
-                self._idle = trio.Event()
+            self._leave()
+
+    async def wait_to_continue(self) -> float:
+        """An admitted turn its worker interrupted: wait (uncounted) until
+        the gate is open; return the seconds waited."""
+        if not self.paused:
+            return 0.0
+        started = trio.current_time()
+        self._leave()
+        self.waiting += 1
+        try:
+            await self._open.wait()
+        finally:
+            self.waiting -= 1
+            self.inflight += 1
+        return trio.current_time() - started
+
+    def _leave(self) -> None:
+        self.inflight -= 1
+        if not self.inflight:
+            self._idle.set()
+            self._idle = trio.Event()

@@ -23,6 +23,7 @@ from ..session.commit import TurnPlan
 from ..session.segments import Branch, Divergence, OnDivergence, PromptMode, Rollback
 from ..session.session import Session
 from ..session.trajectory import Turn
+from .interrupted import OnAbort
 from .request import ChatRequest
 
 __all__ = ["TurnPolicy", "plan_turn"]
@@ -45,6 +46,8 @@ class TurnPolicy:
     max_session_tokens: int | None = None  # prompt + max_tokens cap per session
     default_priority: int | None = None  # SGLang priority of sessions created without one
     routed_experts: bool = False  # ask for and store routed experts (R3)
+    on_abort: OnAbort = OnAbort.CONTINUE  # a worker's abort answer
+    max_continuations: int = 8  # requests a turn may add after aborts
 
 
 def _diverged_roles(new: list[Message], allowed: frozenset[str], offset: int) -> int | None:

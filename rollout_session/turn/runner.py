@@ -14,20 +14,34 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
-from ..engines.base import AgentReply, Completion, Engine, EngineRequest, Refusal
+from ..engines.base import (
+    AgentReply,
+    CannotContinue,
+    Completion,
+    Engine,
+    EngineRequest,
+    Refusal,
+)
 from ..engines.served_model import ServedModel
-from ..errors import RolloutSessionError, SessionBusy, SessionClosing, UpstreamMalformed
+from ..errors import (
+    RolloutSessionError,
+    SessionBusy,
+    SessionClosing,
+    TurnInterrupted,
+    UpstreamMalformed,
+)
 from ..prompt.messages import assistant_message
 from ..prompt.tokenizer import ChatTokenizer
 from ..session.commit import Sampled
 from ..session.segments import Branch, Rollback
 from ..session.session import Session, TurnSlot
 from ..session.store import SessionStore
-from ..session.trajectory import Turn
+from ..session.trajectory import Continuation, Turn
+from .interrupted import Interruption, OnAbort, relabel
 from .limits import check_prompt_floor, completion_budget
 from .metrics import TurnMetrics
 from .offload import Offload
@@ -49,8 +63,14 @@ Decode = Callable[[Session], ChatRequest]
 _TOKENIZE_WEIGHT = 32
 
 
-def sampled(completion: Completion) -> Sampled:
-    """What the session records of an engine's completion."""
+def sampled(completion: Completion, requests: Interruption | None = None) -> Sampled:
+    """What the session records of an engine's completion (and of the
+    requests it took, if its worker interrupted it)."""
+    worker, cached, latency = completion.worker, completion.cached_tokens, completion.latency_s
+    continuations: tuple[Continuation, ...] = ()
+    if requests is not None and requests.continuations:
+        worker, cached, latency = requests.worker, requests.cached_tokens, requests.latency_s
+        continuations = tuple(requests.continuations)
     return Sampled(
         ids=completion.ids,
         logprobs=completion.logprobs,
@@ -60,10 +80,12 @@ def sampled(completion: Completion) -> Sampled:
         finish_reason=completion.finish_reason,
         model=completion.model,
         weight_version=completion.weight_version,
-        cached_tokens=completion.cached_tokens,
-        worker=completion.worker,
-        latency_s=completion.latency_s,
+        cached_tokens=cached,
+        worker=worker,
+        latency_s=latency,
         experts=completion.experts,
+        weight_versions=completion.weight_versions,
+        continuations=continuations,
     )
 
 
@@ -75,6 +97,7 @@ class TurnOutcome:
     turn: Turn | None = None
     segment: int = 0
     latency_s: float = 0.0  # the engine's time (a committed turn's)
+    waited_s: float = 0.0  # time an interrupted turn waited for a pause to end
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +140,8 @@ class TurnRunner:
             return outcome
         metrics.turns.labels("ok", "ok").inc()
         metrics.upstream_latency.observe(outcome.latency_s)
-        metrics.overhead.observe(max(time.perf_counter() - started - outcome.latency_s, 0.0))
+        spent = time.perf_counter() - started - outcome.latency_s - outcome.waited_s
+        metrics.overhead.observe(max(spent, 0.0))
         return outcome
 
     def count_tokens(self, session_id: str, decode: Decode) -> int:
@@ -170,23 +194,21 @@ class TurnRunner:
             session_cap=policy.max_session_tokens,
         )
         priority = session.priority if session.priority is not None else policy.default_priority
-        result = await self.engine.complete(
-            session,
-            EngineRequest(
-                params=request.raw,
-                input_ids=plan.input_ids,
-                template_kwargs=plan.kwargs,
-                vocab_size=self.tokenizer.vocab_size,
-                max_tokens=budget,
-                priority=priority,
-                experts_from=plan.experts_start if policy.routed_experts else None,
-                experts_width=session.trajectory.experts_width if plan.keep_turns else None,
-            ),
+        first = EngineRequest(
+            params=request.raw,
+            input_ids=plan.input_ids,
+            template_kwargs=plan.kwargs,
+            vocab_size=self.tokenizer.vocab_size,
+            max_tokens=budget,
+            priority=priority,
+            experts_from=plan.experts_start if policy.routed_experts else None,
+            experts_width=session.trajectory.experts_width if plan.keep_turns else None,
         )
+        result, interruption, waited = await self._sample(session, first)
         if isinstance(result, Refusal):
-            return TurnOutcome(result.reply, request.stream_mode)
+            return TurnOutcome(result.reply, request.stream_mode, waited_s=waited)
         # Returns once the turn is durable; the agent hears of it only then.
-        turn = await self.store.commit(session, slot, plan, sampled(result))
+        turn = await self.store.commit(session, slot, plan, sampled(result, interruption))
         if plan.branch is not None:
             self._report_segment(session, plan.branch)
         elif plan.rollback is not None:
@@ -194,8 +216,97 @@ class TurnRunner:
         self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
         self.metrics.tokens.labels("sampled").inc(len(result.ids))
         return TurnOutcome(
-            result.reply, request.stream_mode, turn, len(session.earlier), result.latency_s
+            result.reply,
+            request.stream_mode,
+            turn,
+            len(session.earlier),
+            interruption.latency_s,
+            waited,
         )
+
+    async def _sample(
+        self, session: Session, first: EngineRequest
+    ) -> tuple[Completion | Refusal, Interruption, float]:
+        """The engine's completion of `first`: when its worker aborts it (a
+        weight update, a pause), continued until it finishes (--on-abort
+        continue), each further request counted; also the seconds the turn
+        waited for a pause to end."""
+        policy, metrics, pause = self.policy, self.metrics, self.pause
+        interruption = Interruption(first)
+        request, waited = first, 0.0
+        declared = pause.declared_version
+        while True:
+            try:
+                result = await self.engine.complete(session, request)
+            except CannotContinue as exc:
+                metrics.interrupted.labels("resampled").inc()
+                logger.info(
+                    "session %s: the turn cannot be continued exactly (%s); sampling it "
+                    "afresh, %d sampled token(s) dropped",
+                    session.id,
+                    exc,
+                    len(request.partial.ids) if request.partial is not None else 0,
+                )
+                request = interruption.resample(request)
+                continue
+            if isinstance(result, Refusal):
+                if request.partial is not None:
+                    logger.warning(
+                        "session %s: the worker refused the turn's continuation (%d); "
+                        "its %d sampled token(s) are dropped and the agent gets the refusal",
+                        session.id,
+                        result.reply.status,
+                        len(request.partial.ids),
+                    )
+                return result, interruption, waited
+            if request.partial is not None:
+                metrics.interrupted.labels("continued").inc()
+            since = len(request.partial.ids) if request.partial is not None else 0
+            result = replace(
+                result, weight_versions=relabel(result.weight_versions, since, declared)
+            )
+            interruption.answered(result)
+            if result.finish_reason != "abort" or policy.on_abort is OnAbort.RETURN:
+                if result.finish_reason == "abort":
+                    metrics.interrupted.labels("returned").inc()
+                metrics.reprefilled.inc(interruption.reprefilled)
+                return result, interruption, waited
+            if len(interruption.continuations) >= policy.max_continuations:
+                metrics.interrupted.labels("failed").inc()
+                raise TurnInterrupted(
+                    f"the worker interrupted the turn {len(interruption.continuations) + 1} "
+                    f"time(s) (--max-continuations {policy.max_continuations}); nothing "
+                    "was committed"
+                )
+            pause_s = await pause.wait_to_continue()
+            if pause_s:
+                metrics.pause_wait.observe(pause_s)
+                waited += pause_s
+            declared = pause.declared_version
+            if self._ends_turn(result, first):
+                # SGLang's abort still runs one decode step: it may have been
+                # the end of the answer. What follows an end-of-turn token
+                # would not be the model's answer: sampled afresh.
+                metrics.interrupted.labels("resampled").inc()
+                logger.info(
+                    "session %s: the aborted answer ends with a stop token; sampling the "
+                    "turn afresh, %d sampled token(s) dropped",
+                    session.id,
+                    len(result.ids),
+                )
+                request = interruption.restart(len(result.ids))
+            else:
+                request = interruption.next_request(result)
+
+    def _ends_turn(self, aborted: Completion, first: EngineRequest) -> bool:
+        """Whether the aborted answer's last token is one it stops on."""
+        if not len(aborted.ids):
+            return False
+        params = first.params
+        stops = set(params.get("stop_token_ids") or ())
+        if not params.get("ignore_eos"):
+            stops |= self.tokenizer.stop_ids
+        return int(aborted.ids[-1]) in stops
 
     def _report_rollback(self, session: Session, rollback: Rollback) -> None:
         # Never silent: the dropped turns' sampled tokens left the trajectory.

@@ -100,6 +100,49 @@ export function branchText(branch) {
     : `segment ${branch.segment} at message #${branch.message}`;
 }
 
+// The policy that sampled a turn's tokens (export `weight_versions`: spans
+// in segment positions tiling its sampled tokens, several when a weight
+// update interrupted the turn) and the extra requests it took
+// (`continuations`). A span's version is null when nobody named one.
+export function fmtVersion(version) {
+  return version === null || version === undefined ? 'unnamed' : version;
+}
+
+export function versionSpans(turn) {
+  const spans = turn.weight_versions || [];
+  // No spans (nothing sampled, an old journal): the turn's own version, if any.
+  return spans.length || !turn.weight_version ? spans
+    : [{ start: turn.completion_start, end: turn.completion_end, version: turn.weight_version }];
+}
+
+// "v1 → v2": each span's version in order (equal neighbours once).
+export function versionsText(spans) {
+  const names = spans.map((s) => fmtVersion(s.version))
+    .filter((v, k, all) => k === 0 || v !== all[k - 1]);
+  return names.join(' → ');
+}
+
+export function spansTitle(spans) {
+  return spans.map((s) => `#${s.start}–${s.end} (${s.end - s.start} tokens): ` +
+    `${fmtVersion(s.version)}`).join('\n');
+}
+
+export function continuationsText(continuations) {
+  const n = continuations.length;
+  return `${n} continuation${n === 1 ? '' : 's'}`;
+}
+
+export function continuationsTitle(continuations) {
+  return continuations.map((c, k) => {
+    const reprefilled = c.cached_tokens === null || c.cached_tokens === undefined
+      ? `${c.prompt_tokens} prompt tokens, cache unknown`
+      : `${c.prompt_tokens - c.cached_tokens} re-prefilled (${c.prompt_tokens} prompt − ` +
+        `${c.cached_tokens} cached)`;
+    return `continuation ${k + 1} from #${c.start} · ${c.worker || 'worker unknown'} · ` +
+      `${reprefilled} · ${c.discarded_tokens} discarded`;
+  }).join('\n');
+}
+
 let bannerTimer = null;
 
 export function showBanner(message) {

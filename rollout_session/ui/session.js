@@ -5,7 +5,8 @@
 import { api } from './api.js';
 import { diffView } from './diff.js';
 import {
-  ageOf, append, badge, branchText, clear, describeReason, fmtAge, fmtInt, fmtLatency, h, sessionHref,
+  ageOf, append, badge, branchText, clear, continuationsText, continuationsTitle, describeReason,
+  fmtAge, fmtInt, fmtLatency, h, sessionHref, spansTitle, versionSpans, versionsText,
 } from './dom.js';
 import { TokenStream, search } from './tokens.js';
 
@@ -15,7 +16,11 @@ function legend() {
     item('prompt', 'prompt'), item('obs', 'observation / appended'),
     item('sampled s0', 'sampled p≥0.9'), item('sampled s1', '≥0.6'),
     item('sampled s2', '≥0.3'), item('sampled s3', '≥0.1'), item('sampled s4', '<0.1'),
-    item('special', '<|special|>'));
+    item('special', '<|special|>'),
+    h('span', { id: 'legend-version', class: 'legend-item',
+      title: 'A weight update during the turn: the tokens from this mark on were sampled by ' +
+        'the new policy version (v2), those before it by the old one.' },
+    h('span', { class: 'version-mark', text: '→ v2' }), ' policy changed mid-turn'));
 }
 
 function messageCard(message, index, branch) {
@@ -65,6 +70,23 @@ function replacedTurns(rollbacks, segment) {
   return at;
 }
 
+// The policy version(s) that sampled a turn ("v1 → v2" when a weight update
+// interrupted it) and the extra requests it took, each with its spans or
+// requests as a tooltip.
+function policyCell(t) {
+  const spans = versionSpans(t);
+  const continuations = t.continuations || [];
+  return h('td', { class: 'policy' },
+    spans.length
+      ? h('span', { class: `badge version${spans.length > 1 ? ' changed' : ''}`,
+        title: spansTitle(spans), text: versionsText(spans) })
+      : h('span', { class: 'muted', text: '—' }),
+    continuations.length
+      ? h('span', { class: 'badge continued', title: continuationsTitle(continuations),
+        text: continuationsText(continuations) })
+      : null);
+}
+
 function turnTable(doc, stream, replaced) {
   const rows = doc.turns.map((t) => h('tr', { class: 'turn-row', onclick: () => stream.jumpToTurn(t) },
     h('td', { class: 'num' }, String(t.index)),
@@ -74,11 +96,12 @@ function turnTable(doc, stream, replaced) {
     h('td', { class: 'num' }, fmtInt(t.cached_tokens)),
     h('td', { class: 'num' }, fmtLatency(t.upstream_latency_s)),
     h('td', { class: 'url', title: t.worker }, t.worker),
+    policyCell(t),
     h('td', { class: 'replaced' }, replaced.has(t.index) ? badge(replaced.get(t.index), 'rollback')
       : '')));
   return h('table', { id: 'turns', class: 'grid compact' },
     h('thead', {}, h('tr', {}, ['turn', 'prompt', 'sampled', 'finish', 'cached', 'latency',
-      'worker', 'replaced'].map((t) => h('th', { text: t })))),
+      'worker', 'policy', 'replaced'].map((t) => h('th', { text: t })))),
     h('tbody', {}, rows));
 }
 

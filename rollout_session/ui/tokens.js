@@ -6,7 +6,9 @@
 // a search or a turn link jumps to. Hover shows a token's details in one
 // shared tooltip element (event delegation: no listener per token).
 
-import { h, isSpecial, quoted, shownPiece } from './dom.js';
+import {
+  continuationsText, fmtVersion, h, isSpecial, quoted, shownPiece, versionSpans, versionsText,
+} from './dom.js';
 
 export const CHUNK = 2000;
 
@@ -33,7 +35,22 @@ export class TokenStream {
     this.rendered = 0;
     this.hits = new Set();
     this.current = null;
-    this.turnAt = new Map(doc.turns.map((t) => [t.prompt_start, t]));
+    // What is drawn before a token: a turn's bar at its first prompt token,
+    // and a policy-change mark at the first token of each of its version
+    // spans after the first (one map lookup per token for both).
+    this.marksAt = new Map();
+    const mark = (i, draw) => {
+      if (this.marksAt.has(i)) this.marksAt.get(i).push(draw); else this.marksAt.set(i, [draw]);
+    };
+    this.turnByIndex = new Map();
+    for (const t of doc.turns) {
+      this.turnByIndex.set(t.index, t);
+      mark(t.prompt_start, () => this.turnMark(t));
+      const spans = versionSpans(t);
+      for (let k = 1; k < spans.length; k++) {
+        mark(spans[k].start, () => this.versionMark(t, spans, k));
+      }
+    }
     this.finishAt = new Map(doc.turns.map((t) => [t.completion_end - 1, t]));
     this.turnOf = new Int32Array(this.n);
     for (const t of doc.turns) this.turnOf.fill(t.index, t.prompt_start, t.completion_end);
@@ -55,6 +72,8 @@ export class TokenStream {
 
   turnMark(t) {
     const sampled = t.completion_end - t.completion_start;
+    const spans = versionSpans(t);
+    const continuations = t.continuations || [];
     return h('div', { class: 'turn-mark', id: `turn-${t.index}` },
       h('strong', { text: `turn ${t.index}` }),
       ` · prompt ${t.prompt_start}–${t.completion_start} (${t.completion_start - t.prompt_start})`,
@@ -63,8 +82,30 @@ export class TokenStream {
       ` · cached ${t.cached_tokens ?? '—'}`,
       ` · ${(t.upstream_latency_s * 1000).toFixed(1)} ms`,
       ` · ${t.worker}`,
-      t.weight_version ? ` · weights ${t.weight_version}` : '',
+      spans.length ? ` · weights ${versionsText(spans)}` : '',
+      continuations.length ? ` · ${continuationsText(continuations)}` : '',
       this.replaced.has(t.index) ? ` · replaced earlier turns (${this.replaced.get(t.index)})` : '');
+  }
+
+  // The mark before the first token of `spans[k]`: a thin rule and "→ v2".
+  versionMark(t, spans, k) {
+    const span = spans[k];
+    const before = spans[k - 1];
+    return h('span', {
+      class: 'version-mark',
+      dataset: { start: String(span.start), turn: String(t.index) },
+      title: `turn ${t.index}: tokens #${span.start}–${span.end} (${span.end - span.start}) ` +
+        `sampled by ${fmtVersion(span.version)}; #${before.start}–${before.end} ` +
+        `(${before.end - before.start}) by ${fmtVersion(before.version)}`,
+      text: `→ ${fmtVersion(span.version)}`,
+    });
+  }
+
+  // The version that sampled token i (a sampled token of turn `turnOf[i]`).
+  versionOf(i) {
+    const spans = versionSpans(this.turnByIndex.get(this.turnOf[i]) || { weight_versions: [] });
+    const k = spans.findIndex((s) => s.start <= i && i < s.end);
+    return k === -1 ? null : { version: spans[k].version, k, of: spans.length };
   }
 
   tokenNode(i) {
@@ -86,8 +127,8 @@ export class TokenStream {
     const end = Math.min(this.n, this.rendered + CHUNK);
     const fragment = document.createDocumentFragment();
     for (let i = this.rendered; i < end; i++) {
-      const turn = this.turnAt.get(i);
-      if (turn) fragment.append(this.turnMark(turn));
+      const marks = this.marksAt.get(i);
+      if (marks) for (const draw of marks) fragment.append(draw());
       const node = this.tokenNode(i);
       this.nodes.push(node);
       fragment.append(node);
@@ -138,6 +179,11 @@ export class TokenStream {
     if (kind === 'sampled') {
       const lp = logprobs[i];
       lines.push(`sampled · logprob ${lp.toFixed(4)} · p ${Math.exp(lp).toFixed(3)}`);
+      const policy = this.versionOf(i);
+      if (policy) {
+        lines.push(`policy ${fmtVersion(policy.version)}` +
+          (policy.of > 1 ? ` (span ${policy.k + 1} of ${policy.of})` : ''));
+      }
     } else {
       lines.push(kind === 'prompt' ? 'prompt (mask 0)' : 'observation / appended (mask 0)');
     }

@@ -86,6 +86,9 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
             ("cached_tokens", int | None, None),
             ("finish_reason", _FinishReason | None, None),
             ("weight_version", str | None, None),
+            # Set when the answer spans a version change (SGLang 0.5.23:
+            # utils/weight_versions.add_weight_versions_to_meta_info).
+            ("weight_versions", list[dict[str, Any]] | None, None),
             ("routed_experts", str | None, None),
         ],
     )
@@ -127,6 +130,7 @@ class WorkerAnswer:
     model: str | None
     # Base64 routed-expert ids for the positions asked for (R3), unparsed.
     routed_experts: str | None = None
+    weight_versions: list[dict[str, Any]] | None = None  # SGLang's spans, if sent
 
 
 _EXPERTS_KEY = b'"routed_experts":"'
@@ -235,6 +239,7 @@ def parse_worker_answer(body: bytes, *, sent_prompt_tokens: int, vocab_size: int
         weight_version=meta.weight_version,
         model=answer.model,
         routed_experts=meta.routed_experts,
+        weight_versions=meta.weight_versions,
     )
 
 

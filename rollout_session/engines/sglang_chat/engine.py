@@ -6,7 +6,9 @@ SGLang applies its chat route's sampling defaults, stop handling, tool-call
 and reasoning parsers as it would for the agent, and the answer comes back
 in OpenAI form, so the agent is answered with the worker's own body. What
 the route hides (``session_params``, continuing a partial completion) this
-engine cannot do: it refuses a continuation (`CannotContinue`).
+engine cannot do: it refuses a continuation (`CannotContinue`: the route
+would parse the continuation's text without the partial's), so an
+interrupted turn is sampled afresh.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..base import (
 )
 from ..pool import WorkerPool
 from ..served_model import ServedModel
+from ..stitch import version_spans
 from .answer import AnswerCheck, check_answer, decode_cost
 
 __all__ = ["SGLangChatEngine", "chat_body"]
@@ -47,7 +50,9 @@ _DROPPED = (
 )
 
 
-def chat_body(request: EngineRequest, model: str | None, *, session_hint: str | None) -> bytes:
+def chat_body(
+    request: EngineRequest, model: str | None, *, session_hint: str | None, rid: str
+) -> bytes:
     """The worker's request: the agent's body with the server's fields."""
     body: dict[str, Any] = {k: v for k, v in request.params.items() if k not in _DROPPED}
     body.update(_FORCED)
@@ -73,7 +78,7 @@ def chat_body(request: EngineRequest, model: str | None, *, session_hint: str | 
         # to split what the model wrote in the mode its prompt set.
         body["chat_template_kwargs"] = request.template_kwargs
     body["input_ids"] = request.input_ids
-    body["rid"] = uuid.uuid4().hex
+    body["rid"] = rid  # what a pause in abort mode aborts it by
     if model:
         # Replaces the agent's: ServedModel.upstream_name decided it (--upstream-model).
         body["model"] = model
@@ -94,14 +99,17 @@ class SGLangChatEngine:
     ) -> Completion | Refusal:
         if request.partial is not None:
             raise CannotContinue(
-                "SGLang's /v1/chat/completions cannot continue a partial completion"
+                "SGLang's /v1/chat/completions parses only what it samples: a "
+                "continuation's answer would be parsed without the partial's text"
             )
+        rid = uuid.uuid4().hex
         payload = chat_body(
             request,
             self.model.upstream_name(request.params.get("model")),
             session_hint=session.id if self.session_hints else None,
+            rid=rid,
         )
-        reply = await self.pool.chat(session, payload)
+        reply = await self.pool.chat(session, payload, request_id=rid)
         agent_reply = AgentReply(reply.status, reply.headers, reply.body)
         if reply.status != 200:
             # The worker's own error (e.g. SGLang's 400 for a long prompt) is
@@ -126,7 +134,9 @@ class SGLangChatEngine:
             reasoning_content=answer.reasoning_content,
             finish_reason=answer.finish_reason,
             model=answer.model,
-            weight_version=answer.weight_version,
+            weight_versions=version_spans(
+                answer.weight_versions, answer.weight_version, len(answer.ids)
+            ),
             cached_tokens=answer.cached_tokens,
             experts=routed,
             worker=reply.served_by,  # behind a gateway, the worker it routed to

@@ -44,8 +44,10 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
         [
             ("output_token_logprobs", list[Entry]),  # type: ignore[valid-type]
             ("completion_tokens", int),
-            ("prompt_tokens", int),
             ("finish_reason", _Finish),
+            # Absent only from a request aborted in the waiting queue
+            # (tokenizer_manager._handle_abort_req): checked below.
+            ("prompt_tokens", int | None, None),
             ("cached_tokens", int | None, None),
             ("reasoning_tokens", int | None, None),
             ("weight_version", str | None, None),
@@ -105,7 +107,10 @@ def check_generate_answer(body: bytes, check: AnswerCheck) -> GenerateAnswer:
             f"output_ids for completion_tokens={meta.completion_tokens}",
             kind="length_mismatch",
         )
-    if meta.prompt_tokens != check.sent_prompt_tokens:
+    prompt_tokens = meta.prompt_tokens
+    if prompt_tokens is None and meta.finish_reason.type == "abort":
+        prompt_tokens = check.sent_prompt_tokens
+    if prompt_tokens != check.sent_prompt_tokens:
         raise UpstreamMalformed(
             f"worker reports prompt_tokens={meta.prompt_tokens} but was sent "
             f"{check.sent_prompt_tokens} input_ids",
@@ -131,7 +136,7 @@ def check_generate_answer(body: bytes, check: AnswerCheck) -> GenerateAnswer:
         token_texts=[e.text for e in entries],
         text=answer.text,
         finish={"type": meta.finish_reason.type, "matched": meta.finish_reason.matched},
-        prompt_tokens=meta.prompt_tokens,
+        prompt_tokens=prompt_tokens,
         cached_tokens=meta.cached_tokens,
         reasoning_tokens=meta.reasoning_tokens,
         weight_version=meta.weight_version,

@@ -4,19 +4,28 @@ The worker is sent the prompt ids and the sampling parameters SGLang's chat
 route would have built (`request`); its answer is checked strictly
 (`answer`), parsed by SGLang's own parsers on the same worker (`parsers`),
 and the agent is answered with the chat completion the chat route would
-have written (`reply`). Continuing a partial completion is not offered yet.
+have written (`reply`).
+
+A completion the worker aborted (a weight update, a pause) is continued
+from prompt + partial ids: the two answers' texts are joined and parsed as
+one. The worker decodes each answer with the five ids before it as context
+(``schedule_batch.Req.init_incremental_detokenize``), so the joined text is
+the uninterrupted one wherever the cut fell between characters; a cut inside
+a character's bytes, and a grammar-constrained completion (the worker would
+start its grammar over), are not continued (`CannotContinue`).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import orjson
 
 from ...errors import UpstreamError, UpstreamMalformed
+from ...tokens import IdArray, LogprobArray, VersionSpan
 from ..base import (
     AgentReply,
     CannotContinue,
@@ -29,6 +38,7 @@ from ..base import (
 from ..pool import WorkerPool
 from ..served_model import ServedModel
 from ..sglang_chat.answer import AnswerCheck
+from ..stitch import stitch, version_spans
 from ..upstream import UpstreamReply
 from .answer import GenerateAnswer, check_generate_answer
 from .delta import Plan, Rebuild, RemoteSessions, dp_rank, lost_session
@@ -66,13 +76,11 @@ class SGLangGenerateEngine:
     remote_timeout_s: float | None = None
     _dp_sizes: dict[str, int] = field(default_factory=dict, init=False)
 
-    can_continue: ClassVar[bool] = False
+    can_continue: ClassVar[bool] = True
 
     async def complete(
         self, session: EngineSession, request: EngineRequest
     ) -> Completion | Refusal:
-        if request.partial is not None:
-            raise CannotContinue("sglang-generate does not continue partial completions yet")
         parsers = self.options.parsers
         forced = parsers.forces_reasoning(request.template_kwargs)
         rid = uuid.uuid4().hex
@@ -81,7 +89,12 @@ class SGLangGenerateEngine:
             sampling = sampling_params(request, self.options)
         except Untranslatable as exc:
             return Refusal(error_reply(400, str(exc)), session.worker or "")
-        if self.delta is not None:
+        before = _continues(request, sampling)
+        if before is not None:
+            # The worker session no longer holds what the trajectory will:
+            # the next turn rebuilds it.
+            self._drop(session)
+        elif self.delta is not None:
             plan = await self._plan(session, request)
         reply = await self._generate(session, request, sampling, rid, forced, plan)
         if reply.status == 400 and plan is not None and self.delta is not None:
@@ -112,23 +125,31 @@ class SGLangGenerateEngine:
         self.pool.report_success(reply.worker)
         if plan is not None and self.delta is not None:
             self.delta.finished(session.id, reply.worker, plan, rid, request.input_ids, answer.ids)
+        cached = answer.cached_tokens  # this request's, not the stitched answer's
+        spans = version_spans(answer.weight_versions, answer.weight_version, len(answer.ids))
+        ids, logprobs, spans, experts = stitch(
+            request, answer.ids, answer.logprobs, spans, answer.experts
+        )
+        if before is not None:
+            answer = _joined(before, answer, ids, logprobs, spans)
         parsed = await self._parse(session, reply.worker, request, answer, forced)
         model = self.model.upstream_name(request.params.get("model")) or "default"
         body = chat_completion(rid, model, answer, parsed)
         return Completion(
-            ids=answer.ids,
-            logprobs=answer.logprobs,
+            ids=ids,
+            logprobs=logprobs,
             content=parsed.content,
             tool_calls=parsed.tool_calls,
             reasoning_content=parsed.reasoning,
             finish_reason=parsed.finish["type"],
             model=model,
-            weight_version=answer.weight_version,
-            cached_tokens=answer.cached_tokens,
-            experts=answer.experts,
+            weight_versions=spans,
+            cached_tokens=cached,
+            experts=experts,
             worker=reply.served_by,
             latency_s=reply.latency_s,
             reply=AgentReply(200, [(b"content-type", b"application/json")], body),
+            engine_state=answer,
         )
 
     async def _plan(
@@ -192,7 +213,13 @@ class SGLangGenerateEngine:
             model=self.model.upstream_name(request.params.get("model")),
             served_model=self.model.name,
         )
-        return await self.pool.chat(session, payload, GENERATE_PATH)
+        return await self.pool.chat(
+            session,
+            payload,
+            GENERATE_PATH,
+            request_id=rid,
+            resend_if_gone=request.partial is not None,
+        )
 
     def _drop(self, session: EngineSession) -> None:
         if self.delta is None:
@@ -301,6 +328,52 @@ class SGLangGenerateEngine:
         await self.pool.close_worker_sessions(
             [(held.worker, held.remote_id) for held in self.delta.held()]
         )
+
+
+# Sampling keys whose grammar the worker starts at the first sampled token.
+_GRAMMARS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def _continues(request: EngineRequest, sampling: dict[str, Any]) -> GenerateAnswer | None:
+    """The aborted answer `request` continues (None: it continues none), or
+    CannotContinue where joining would not be exact."""
+    partial = request.partial
+    if partial is None:
+        return None
+    before = partial.engine_state
+    if not isinstance(before, GenerateAnswer):
+        raise CannotContinue("the partial completion is not an sglang-generate answer")
+    if any(sampling.get(key) for key in _GRAMMARS):
+        raise CannotContinue(
+            "a grammar-constrained completion cannot be continued: the worker would "
+            "start its grammar over"
+        )
+    if before.text.endswith("\ufffd"):
+        raise CannotContinue("the worker stopped inside a character's bytes")
+    return before
+
+
+def _joined(
+    before: GenerateAnswer,
+    after: GenerateAnswer,
+    ids: IdArray,
+    logprobs: LogprobArray,
+    spans: tuple[VersionSpan, ...],
+) -> GenerateAnswer:
+    """The answer an uninterrupted request would have given: both answers'
+    tokens and text, the first's prompt (and its cache), the last's finish
+    and meta_info."""
+    return replace(
+        after,
+        ids=ids,
+        logprobs=logprobs,
+        token_texts=before.token_texts + after.token_texts,
+        text=before.text + after.text,
+        prompt_tokens=before.prompt_tokens,
+        cached_tokens=before.cached_tokens,  # of that prompt, as usage reports it
+        reasoning_tokens=(before.reasoning_tokens or 0) + (after.reasoning_tokens or 0),
+        weight_versions=[{"version": v, "start": a, "end": b} for a, b, v in spans],
+    )
 
 
 def _message(body: bytes) -> str:

@@ -29,7 +29,14 @@ from ...errors import UpstreamMalformed
 from ...tokens import IdArray, LogprobArray
 from ..sglang_chat.answer import LOGPROB_EPSILON, AnswerCheck
 
-__all__ = ["VllmAnswer", "check_vllm_answer", "check_vllm_probe", "decode_npy_experts"]
+__all__ = [
+    "Derendered",
+    "VllmAnswer",
+    "check_derendered",
+    "check_vllm_answer",
+    "check_vllm_probe",
+    "decode_npy_experts",
+]
 
 # _clamp_logprob (token_in_token_out/serving.py): -inf and NaN are sent as
 # this, and a sampled token without a logprob entry gets it too. A sample
@@ -243,15 +250,7 @@ def check_vllm_answer(body: bytes, check: AnswerCheck) -> VllmAnswer:
         token_texts=[e.token for e in choice.logprobs.content],
         content=message.content,
         reasoning=message.reasoning,
-        tool_calls=[
-            {
-                "id": call.id,
-                "index": i,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": call.function.arguments},
-            }
-            for i, call in enumerate(message.tool_calls)
-        ],
+        tool_calls=_tool_calls(message),
         finish_reason=choice.finish_reason,
         stop_reason=choice.stop_reason,
         prompt_tokens=answer.usage.prompt_tokens,
@@ -266,3 +265,54 @@ def check_vllm_probe(body: bytes) -> object:
     """A one-token ``output_mode: "tokens"`` answer to the pool's probe."""
     answer = _decode(body, 2**31 - 1, "tokens")
     return _checked_lengths(answer, 1)
+
+
+class _DerenderedChoice(msgspec.Struct):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _DerenderedAnswer(msgspec.Struct):
+    choices: Annotated[list[_DerenderedChoice], msgspec.Meta(min_length=1, max_length=1)]
+
+
+@dataclass(slots=True, frozen=True)
+class Derendered:
+    """vLLM's parse of a stitched completion (``/v1/chat/completions/derender``)."""
+
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+
+
+def check_derendered(body: bytes) -> Derendered:
+    """The message and finish reason of a derender 200 body (the ids,
+    logprobs and usage are the token route's, already checked)."""
+    try:
+        answer = msgspec.json.decode(body, type=_DerenderedAnswer)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise UpstreamMalformed(
+            f"derender answer failed validation: {exc}", kind="schema"
+        ) from None
+    choice = answer.choices[0]
+    if choice.finish_reason is None:
+        raise UpstreamMalformed("derender answer has no finish_reason", kind="finish_reason")
+    return Derendered(
+        content=choice.message.content,
+        reasoning=choice.message.reasoning,
+        tool_calls=_tool_calls(choice.message),
+        finish_reason=choice.finish_reason,
+    )
+
+
+def _tool_calls(message: _Message) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": call.id,
+            "index": i,
+            "type": "function",
+            "function": {"name": call.function.name, "arguments": call.function.arguments},
+        }
+        for i, call in enumerate(message.tool_calls)
+    ]

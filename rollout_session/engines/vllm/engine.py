@@ -7,21 +7,28 @@ its own ``--tool-call-parser`` / ``--reasoning-parser`` in the same call.
 A tool-call constraint only vLLM can build (a structural tag) is first asked
 of the worker's ``/v1/chat/completions/render``.
 The answer is checked strictly (`answer`) and the agent is answered with
-the chat completion the SGLang engines write (`reply`). Continuing a partial
-completion is not offered yet. docs/engines.md#vllm has the choice of route
-and its evidence.
+the chat completion the SGLang engines write (`reply`).
+
+A completion the worker aborted (a weight update, a pause) is continued
+from prompt + partial ids on the same route; the continuation's own parse
+sees only its part, so the whole stitched completion is parsed again by the
+worker's ``/v1/chat/completions/derender`` (docs/research/vllm-0.33-derender.md).
+A grammar-constrained completion is not continued (`CannotContinue`: the
+worker would start its grammar over). docs/engines.md#vllm has the choice
+of route and its evidence.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import msgspec
 
-from ...errors import UpstreamMalformed
+from ...errors import UpstreamError, UpstreamMalformed
+from ...tokens import IdArray
 from ..base import (
     AgentReply,
     CannotContinue,
@@ -34,11 +41,13 @@ from ..base import (
 from ..pool import WorkerPool
 from ..served_model import ServedModel
 from ..sglang_chat.answer import AnswerCheck
-from .answer import check_vllm_answer
+from ..stitch import stitch, version_spans
+from .answer import VllmAnswer, check_derendered, check_vllm_answer
 from .reply import chat_completion, error_reply
 from .request import (
     Untranslatable,
     VllmOptions,
+    derender_body,
     generate_body,
     parser_constrains,
     render_body,
@@ -47,6 +56,16 @@ from .request import (
 from .worker import GENERATE_PATH
 
 RENDER_PATH = "/v1/chat/completions/render"
+DERENDER_PATH = "/v1/chat/completions/derender"
+
+
+@dataclass(frozen=True, slots=True)
+class _Continuing:
+    """What continuing a vllm completion needs: the turn's first request
+    (its prompt, its own limits) and the answer so far."""
+
+    first: EngineRequest
+    answer: VllmAnswer
 
 
 class _RenderedSampling(msgspec.Struct):
@@ -71,20 +90,27 @@ class VllmEngine:
     model: ServedModel
     options: VllmOptions = field(default_factory=VllmOptions)
 
-    can_continue: ClassVar[bool] = False
+    can_continue: ClassVar[bool] = True
 
     async def complete(
         self, session: EngineSession, request: EngineRequest
     ) -> Completion | Refusal:
-        if request.partial is not None:
-            raise CannotContinue("the vllm engine does not continue partial completions yet")
+        before = request.partial.engine_state if request.partial is not None else None
+        if request.partial is not None and not isinstance(before, _Continuing):
+            raise CannotContinue("the partial completion is not a vllm answer")
         request_id = uuid.uuid4().hex
         upstream = self.model.upstream_name(request.params.get("model"))
         try:
             sampling = sampling_params(request, self.options, self.model.context_length)
         except Untranslatable as exc:
             return Refusal(error_reply(400, str(exc), exc.param), session.worker or "")
-        if parser_constrains(request.params, self.options.parsers):
+        constrained = parser_constrains(request.params, self.options.parsers)
+        if before is not None and (constrained or sampling.get("structured_outputs")):
+            raise CannotContinue(
+                "a grammar-constrained completion cannot be continued: the worker would "
+                "start its grammar over"
+            )
+        if constrained:
             rendered = await self._constraint(session, request, upstream)
             if isinstance(rendered, Refusal):
                 return rendered
@@ -97,7 +123,13 @@ class VllmEngine:
             context=self.model.context_length,
             sampling=sampling,
         )
-        reply = await self.pool.chat(session, payload, GENERATE_PATH)
+        reply = await self.pool.chat(
+            session,
+            payload,
+            GENERATE_PATH,
+            request_id=request_id,
+            resend_if_gone=before is not None,
+        )
         if reply.status != 200:
             # vLLM's own error, already in the OpenAI shape; nothing is committed.
             return Refusal(AgentReply(reply.status, reply.headers, reply.body), reply.worker)
@@ -110,25 +142,85 @@ class VllmEngine:
             self.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
             raise
         self.pool.report_success(reply.worker)
+        cached = answer.cached_tokens  # this request's, not the stitched answer's
+        spans = version_spans(answer.weight_versions, answer.weight_version, len(answer.ids))
+        ids, logprobs, spans, experts = stitch(
+            request, answer.ids, answer.logprobs, spans, answer.experts
+        )
+        state = _Continuing(request, answer) if before is None else before
+        if before is not None:
+            answer = await self._joined(session, reply.worker, before, answer, ids, upstream)
+            answer = replace(answer, logprobs=logprobs, experts=experts)
+            state = _Continuing(before.first, answer)
         model = answer.model or upstream or "default"
         include_reasoning = request.params.get("include_reasoning") is not False
         body = chat_completion(
             f"chatcmpl-{request_id}", model, answer, include_reasoning=include_reasoning
         )
         return Completion(
-            ids=answer.ids,
-            logprobs=answer.logprobs,
+            ids=ids,
+            logprobs=logprobs,
             content=answer.content or "",  # as the reply has it (never null)
             tool_calls=answer.tool_calls,
             reasoning_content=answer.reasoning,
             finish_reason=answer.finish_reason,
             model=model,
-            weight_version=answer.weight_version,
-            cached_tokens=answer.cached_tokens,
-            experts=answer.experts,
+            weight_versions=spans,
+            cached_tokens=cached,
+            experts=experts,
             worker=reply.served_by,
             latency_s=reply.latency_s,
             reply=AgentReply(200, [(b"content-type", b"application/json")], body),
+            engine_state=state,
+        )
+
+    async def _joined(
+        self,
+        session: EngineSession,
+        worker: str,
+        before: _Continuing,
+        after: VllmAnswer,
+        ids: IdArray,
+        model: str | None,
+    ) -> VllmAnswer:
+        """The answer an uninterrupted request would have given: all the
+        ids, parsed as one by the worker's own derender route (the
+        continuation's own parse saw only its part)."""
+        payload = derender_body(
+            before.first,
+            request_id=uuid.uuid4().hex,
+            ids=ids,
+            finish_reason=after.finish_reason,
+            stop_reason=after.stop_reason,
+            model=model,
+        )
+        reply = await self.pool.follow_up(worker, session, DERENDER_PATH, payload)
+        if reply.status != 200:
+            raise UpstreamError(
+                f"the worker's {DERENDER_PATH} answered {reply.status}: "
+                f"{reply.body[:300].decode('utf-8', 'replace')}"
+            )
+        parsed = check_derendered(reply.body)
+        earlier = before.answer
+        return replace(
+            after,
+            ids=ids,
+            token_texts=earlier.token_texts + after.token_texts,
+            content=parsed.content,
+            reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls,
+            finish_reason=parsed.finish_reason,
+            prompt_tokens=earlier.prompt_tokens,
+            cached_tokens=earlier.cached_tokens,  # of that prompt, as usage reports it
+            weight_versions=earlier.weight_versions
+            + [
+                {
+                    **span,
+                    "start": span["start"] + len(earlier.ids),
+                    "end": span["end"] + len(earlier.ids),
+                }
+                for span in after.weight_versions
+            ],
         )
 
     async def _constraint(

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import orjson
 
+from ...tokens import IdArray
 from ..base import EngineRequest
 from .parsers import VllmParsers
 
@@ -428,4 +429,65 @@ def generate_body(
     salt = request.params.get("cache_salt")
     if salt is not None:
         body["cache_salt"] = salt
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+# What vLLM's parsers and derender's decoding read of the chat request
+# (online_derenderer: the parser's request context; _drop_stop_token).
+_DERENDER_KEYS = (
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "stop",
+    "stop_token_ids",
+    "min_tokens",
+    "ignore_eos",
+    "include_stop_str_in_output",
+)
+
+
+def derender_body(
+    first: EngineRequest,
+    *,
+    request_id: str,
+    ids: IdArray,
+    finish_reason: str,
+    stop_reason: int | str | None,
+    model: str | None,
+) -> bytes:
+    """``POST /v1/chat/completions/derender`` for a completion stitched from
+    token-route answers (docs/research/vllm-0.33-derender.md): a tokens-mode
+    generate response holding all its ids after the turn's first prompt,
+    with the last answer's ending ("tool_calls" is derender mode's rewrite
+    of the engine's "stop"), and the turn's own chat request (`first`: its
+    original limits and stop conditions)."""
+    params = first.params
+    chat: dict[str, Any] = {
+        key: params[key] for key in _DERENDER_KEYS if params.get(key) is not None
+    }
+    chat["include_reasoning"] = True  # parse_context's: the reply hides it instead
+    chat["chat_template_kwargs"] = template_kwargs(first)
+    prompt = first.input_ids
+    body: dict[str, Any] = {
+        "generate_response": {
+            "request_id": request_id,
+            "output_mode": "tokens",
+            "prompt_token_ids": prompt,
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": ids,
+                    "finish_reason": "stop" if finish_reason == "tool_calls" else finish_reason,
+                    "stop_reason": stop_reason,
+                    "logprobs": None,
+                }
+            ],
+        },
+        "prompt_tokens": len(prompt),
+        "prompt_token_ids": prompt,
+        "chat_request": chat,
+    }
+    if model is not None:
+        body["model"] = model
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -33,6 +33,7 @@ from .answer import check_vllm_probe
 __all__ = ["GENERATE_PATH", "VLLM_WORKERS", "fetch_vllm_model_info"]
 
 GENERATE_PATH = "/inference/v1/generate"
+ABORT_PATH = "/inference/v1/abort_requests"
 # vllm-project/router hashes sessions on X-Session-ID; vLLM passes it to its
 # engine (generate/base/serving.py SESSION_ID_HEADER). smg's key as for SGLang.
 _SESSION_HEADERS = (b"x-smg-routing-key", b"x-session-id")
@@ -122,6 +123,14 @@ async def fetch_vllm_model_info(client: WorkerClient, deadline_s: float) -> Mode
     )
 
 
+def _abort(request_ids: list[str]) -> list[tuple[str, bytes]]:
+    # The token route's engine id is "generate-tokens-<request_id>"
+    # (token_in_token_out/serving.py `serve_tokens`); abort_requests takes a
+    # list of them (token_in_token_out/api_router.py `abort_requests`).
+    ids = [f"generate-tokens-{i}" for i in request_ids]
+    return [(ABORT_PATH, orjson.dumps({"request_ids": ids}))]
+
+
 VLLM_WORKERS = WorkerDialect(
     name="vllm",
     read_model=fetch_vllm_model_info,
@@ -129,4 +138,5 @@ VLLM_WORKERS = WorkerDialect(
     probe_body=probe_body,
     check_probe=check_vllm_probe,
     session_headers=_SESSION_HEADERS,
+    abort_requests=_abort,
 )

@@ -5,8 +5,12 @@
 ``DELETE /workers?url=`` drains one (no new pins, in-flight turns finish) and
 removes it — the drain completes even if the request's client goes away; its
 sessions re-pin on their next turn. ``POST /admin/pause``
-holds new turns (weight sync) and answers once in-flight turns are done;
-``POST /admin/resume`` releases them. ``GET /metrics`` is Prometheus text.
+holds new turns (weight sync) and answers once in-flight turns are done
+(``{"mode": "drain"}``, the default) or at once, their requests aborted at
+the workers to be continued after resume (``{"mode": "abort"}``);
+``POST /admin/resume`` (``{"weight_version"}`` optional: the version of
+what is sampled from now on, where the engine names none) releases them.
+``GET /metrics`` is Prometheus text.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from ...errors import InvalidRequest
+from ...turn.pause import PauseMode
 from ..context import ServerContext
 from ..metrics import CONTENT_TYPE
 from .sessions import json_response, read_json_object
@@ -38,13 +43,31 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
 
     @app.post("/admin/pause")
     async def pause() -> Response:
-        await ctx.pause.pause()
-        return json_response({"paused": True, "inflight": ctx.pause.inflight})
+        raw = (await read_json_object(optional=True)).get("mode", PauseMode.DRAIN.value)
+        try:
+            mode = PauseMode(raw)
+        except ValueError:
+            raise InvalidRequest("mode must be drain or abort", param="mode") from None
+        interrupted = await ctx.pause.pause(mode)
+        return json_response(
+            {
+                "paused": True,
+                "mode": mode.value,
+                "inflight": ctx.pause.inflight,
+                "interrupted": interrupted,
+                "waiting": ctx.pause.waiting,
+            }
+        )
 
     @app.post("/admin/resume")
     async def resume() -> Response:
-        ctx.pause.resume()
-        return json_response({"paused": False})
+        version = (await read_json_object(optional=True)).get("weight_version")
+        if version is not None and not (isinstance(version, str) and version):
+            raise InvalidRequest(
+                "weight_version must be a non-empty string", param="weight_version"
+            )
+        ctx.pause.resume(version)
+        return json_response({"paused": False, "weight_version": ctx.pause.declared_version})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -81,7 +81,11 @@ def create_meta(session: Session) -> dict[str, Any]:
 
 
 def _turn_dict(turn: Turn) -> dict[str, Any]:
-    return {name: getattr(turn, name) for name in _TURN_FIELDS}
+    fields = {name: getattr(turn, name) for name in _TURN_FIELDS}
+    # Named tuples as plain lists (what `Turn.of` reads back).
+    fields["weight_versions"] = [list(s) for s in turn.weight_versions]
+    fields["continuations"] = [list(c) for c in turn.continuations]
+    return fields
 
 
 def _le(array: Any, dtype: str) -> bytes:
@@ -318,7 +322,7 @@ class Replay:
 
 
 def _apply_turn(session: Session, meta: dict[str, Any], blobs: list[memoryview]) -> None:
-    turn = Turn(**meta["turn"])
+    turn = Turn.of(meta["turn"])
     keep = turn.index
     if meta.get("seg") is not None:
         if keep != 0 or not session.trajectory.turns:
@@ -393,7 +397,7 @@ def _restore_trajectory(
 ) -> None:
     ids = np.frombuffer(blobs[0], "<i4")
     logprobs = np.frombuffer(blobs[1], "<f4")
-    turns = [Turn(**t) for t in meta["turns"]]
+    turns = [Turn.of(t) for t in meta["turns"]]
     width = meta["w"]
     if len(ids) != len(logprobs) or (turns and turns[-1].completion_end != len(ids)):
         raise ValueError("snapshot arrays do not match its turns")

@@ -108,6 +108,47 @@ async def think_episode(stack: Stack, session_id: str) -> None:
     assert (await stack.chat(session_id, messages=messages, seed=2)).status_code == 200
 
 
+async def weight_update_episode(stack: Stack, session_id: str) -> dict[str, Any]:
+    """Two turns: the worker's weights go from v1 to v2 while turn 0 is
+    being sampled (SGLang's ``/update_weight_version``, which aborts the
+    request), so the server continues turn 0 and its tokens have two
+    policies; turn 1 is sampled by v2 alone. Returns the export document."""
+    emulator = stack.emulator
+    assert emulator.weight_version == "v1"
+
+    def midway() -> bool:
+        return any(
+            20 <= emulator.gpu.decoded(run.progress) < run.progress.total
+            for run in emulator.weights.runs()
+        )
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Write a long answer."}]
+    answers: list[httpx.Response] = []
+
+    async def first_turn() -> None:
+        answers.append(await stack.chat(session_id, messages=messages, seed=1))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(first_turn)
+        while not midway():  # noqa: ASYNC110 (decoding is timed: no event per token)
+            await trio.sleep(0.005)
+        # What the route does, called with no checkpoint between the check
+        # and the update: the request is certainly still in flight.
+        emulator.weights.sglang_update_weight_version("v2", abort_all=True)
+    assert answers[0].status_code == 200, answers[0].text
+    messages += [echo(answers[0].json()["choices"][0]["message"]), USER_2]
+    assert (await stack.chat(session_id, messages=messages, seed=2)).status_code == 200
+    doc = await stack.trajectory(session_id)
+    first, second = doc["turns"]
+    assert [s["version"] for s in first["weight_versions"]] == ["v1", "v2"]
+    assert first["weight_versions"][0]["start"] == first["completion_start"]
+    assert first["weight_versions"][-1]["end"] == first["completion_end"]
+    assert len(first["continuations"]) == 1
+    assert [s["version"] for s in second["weight_versions"]] == ["v2"]
+    assert second["continuations"] == []
+    return doc
+
+
 # --- the server side -------------------------------------------------------------------
 
 
@@ -499,6 +540,73 @@ async def test_browser_session_shows_every_segment_its_branch_point_and_rollback
         page.goto(f"{stack.url}/ui#/s/branchy?segment=7")
         page.wait_for_selector("#load-error")
         assert "no segment 7" in page.inner_text("#load-error")
+
+    await browse(chromium, script)
+
+
+async def test_browser_shows_the_policy_versions_of_a_turn_a_weight_update_interrupted(
+    make_stack: StackFactory, chromium: str
+) -> None:
+    """The turn table's policy column ("v1 → v2", "1 continuation", each with
+    its tooltip), the mark in the stream where v2 starts, the version in a
+    sampled token's tooltip, and the legend's entry for the mark."""
+    stack = await make_stack(
+        engine="sglang-generate",  # an engine that continues the aborted turn
+        emulator=EmulatorConfig(
+            weight_version="v1", completion_tokens=200, decode_s_per_token=0.005
+        ),
+    )
+    await stack.create(session_id="updated")
+    doc = await weight_update_episode(stack, "updated")
+    turn = doc["turns"][0]
+    old, new = turn["weight_versions"]
+    (continuation,) = turn["continuations"]
+    reprefilled = continuation["prompt_tokens"] - (continuation["cached_tokens"] or 0)
+
+    def script(page: Page) -> None:
+        page.goto(f"{stack.url}/ui#/s/updated")
+        page.wait_for_selector("#tokens .tok")
+        headers = page.locator("#turns th").all_inner_texts()
+        assert "policy" in headers
+        rows = page.locator("#turns tr.turn-row")
+        assert rows.count() == 2
+        policy = rows.nth(0).locator("td.policy")
+        version = policy.locator(".badge.version")
+        assert version.inner_text() == "v1 → v2"
+        assert "changed" in (version.get_attribute("class") or "")
+        spans = version.get_attribute("title") or ""
+        for span in (old, new):
+            count = span["end"] - span["start"]
+            assert f"#{span['start']}–{span['end']} ({count} tokens): {span['version']}" in spans
+        continued = policy.locator(".badge.continued")
+        assert continued.inner_text() == "1 continuation"
+        detail = continued.get_attribute("title") or ""
+        assert continuation["worker"] in detail and f"{reprefilled} re-prefilled" in detail
+        assert f"{continuation['discarded_tokens']} discarded" in detail
+        # An ordinary turn: one version, no continuation.
+        plain = rows.nth(1).locator("td.policy")
+        assert plain.inner_text() == "v2" and plain.locator(".badge.continued").count() == 0
+        assert "weights v1 → v2 · 1 continuation" in page.inner_text("#turn-0")
+
+        # One mark, right before the first token v2 sampled.
+        marks = page.locator("#tokens .version-mark")
+        assert marks.count() == 1
+        mark = marks.first
+        assert mark.inner_text() == "→ v2"
+        assert mark.get_attribute("data-start") == str(new["start"])
+        assert mark.evaluate("el => el.nextElementSibling.dataset.i") == str(new["start"])
+        assert "v1" in (mark.get_attribute("title") or "")
+        # Sampled tokens name their policy in the tooltip.
+        for span, text in ((old, "policy v1 (span 1 of 2)"), (new, "policy v2 (span 2 of 2)")):
+            page.locator(f'#tokens .tok[data-i="{span["end"] - 1}"]').hover()
+            page.wait_for_selector("#tip:not([hidden])")
+            assert text in page.inner_text("#tip")
+        page.locator(f'#tokens .tok[data-i="{doc["turns"][1]["completion_start"]}"]').hover()
+        tip = page.inner_text("#tip")
+        assert "policy v2\n" in tip and "(span" not in tip
+        assert "policy changed mid-turn" in page.inner_text("#legend-version")
+        mark.scroll_into_view_if_needed()
+        shot(page, "policy")
 
     await browse(chromium, script)
 

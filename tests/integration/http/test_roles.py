@@ -115,8 +115,15 @@ async def test_the_trainer_key_cannot_reach_operator_routes_when_an_admin_key_is
     async with httpx.AsyncClient(base_url=roles.url, headers=bearer(ADMIN)) as operator:
         assert (await operator.get("/workers")).status_code == 200
         assert (await operator.get("/metrics")).status_code == 200
-        assert (await operator.post("/admin/pause")).json() == {"paused": True, "inflight": 0}
-        assert (await operator.post("/admin/resume")).json() == {"paused": False}
+        assert (await operator.post("/admin/pause")).json() == {
+            "paused": True,
+            "mode": "drain",
+            "inflight": 0,
+            "interrupted": 0,
+            "waiting": 0,
+        }
+        resumed = await operator.post("/admin/resume")
+        assert resumed.json() == {"paused": False, "weight_version": None}
         assert (await operator.post("/sessions", json={"session_id": "s"})).status_code == 201
         assert (await operator.get("/sessions/s")).status_code == 200
         assert (await operator.get("/sessions/s/v1/models")).status_code == 200

@@ -258,8 +258,8 @@ async def test_a_turn_whose_worker_answers_after_the_journal_failed_commits_noth
     answered, go_on = trio.Event(), trio.Event()
     chat = stack.ctx.pool.chat
 
-    async def gated_chat(session: Session, payload: bytes) -> Any:
-        reply = await chat(session, payload)
+    async def gated_chat(session: Session, payload: bytes, *args: Any, **kwargs: Any) -> Any:
+        reply = await chat(session, payload, *args, **kwargs)
         answered.set()
         await go_on.wait()
         return reply

@@ -53,10 +53,14 @@ def expected_sample(doc: dict[str, Any], status: str) -> dict[str, Any]:
     start = doc["turns"][0]["completion_start"]
     mask = [0] * len(doc["token_ids"])
     logprobs = [0.0] * len(doc["token_ids"])
+    versions: list[str | None] = [None] * len(doc["token_ids"])
     for turn in doc["turns"]:
         for i in range(turn["completion_start"], turn["completion_end"]):
             mask[i] = 1
             logprobs[i] = doc["logprobs"][i]
+        for span in turn["weight_versions"]:
+            for i in range(span["start"], span["end"]):
+                versions[i] = span["version"]
     return {
         "episode_id": doc["session_id"],
         "segment": 0,
@@ -65,6 +69,7 @@ def expected_sample(doc: dict[str, Any], status: str) -> dict[str, Any]:
         "response_length": len(doc["token_ids"]) - start,
         "loss_mask": mask[start:],
         "rollout_log_probs": logprobs[start:],
+        "rollout_weight_versions": versions[start:],
         "status": status,
         "metadata": doc["metadata"],
     }
@@ -103,7 +108,8 @@ async def test_sample_view_truncated(stack: Stack) -> None:
 
 
 async def test_sample_view_aborted(make_stack: StackFactory) -> None:
-    stack = await make_stack(emulator=EmulatorConfig(fault="abort"))
+    """--on-abort return: the aborted answer is committed as it came."""
+    stack = await make_stack(emulator=EmulatorConfig(fault="abort"), on_abort="return")
     session_id = await stack.create()
     response = await stack.chat(session_id, messages=[{"role": "user", "content": "go"}])
     assert response.status_code == 200

@@ -152,7 +152,7 @@ async def test_pause_waits_for_inflight_then_holds_new_turns(make_stack: StackFa
         await stack.emulator.wait_for_requests(1)
         paused = await stack.client.post("/admin/pause")
         # Pausing returned only once the in-flight turn was done.
-        assert paused.json() == {"paused": True, "inflight": 0}
+        assert paused.json()["inflight"] == 0 and paused.json()["mode"] == "drain"
         assert len(stack.ctx.registry.get(first).trajectory.turns) == 1
     assert results["inflight"].status_code == 200
     held = await stack.chat(second, messages=USER)
@@ -164,7 +164,8 @@ async def test_pause_waits_for_inflight_then_holds_new_turns(make_stack: StackFa
         nursery.start_soon(turn, "waiting", second)
         await trio.testing.wait_all_tasks_blocked(cushion=0.02)
         assert "waiting" not in results and stack.emulator.received == 1
-        assert (await stack.client.post("/admin/resume")).json() == {"paused": False}
+        resumed = await stack.client.post("/admin/resume")
+        assert resumed.json() == {"paused": False, "weight_version": None}
     assert results["waiting"].status_code == 200
 
 

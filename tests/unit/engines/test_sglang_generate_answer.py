@@ -202,7 +202,7 @@ DEFECTS = [
     ("null-logprobs", mutate(f"{META}/output_token_logprobs", "null"), "schema"),
     ("no-completion-tokens", mutate(f"{META}/completion_tokens", None), "schema"),
     ("bool-completion-tokens", mutate(f"{META}/completion_tokens", "true"), "schema"),
-    ("no-prompt-tokens", mutate(f"{META}/prompt_tokens", None), "schema"),
+    ("no-prompt-tokens", mutate(f"{META}/prompt_tokens", None), "prompt_tokens_mismatch"),
     ("no-finish-reason", mutate(f"{META}/finish_reason", None), "schema"),
     ("null-finish-reason", mutate(f"{META}/finish_reason", "null"), "schema"),
     ("string-finish-reason", mutate(f"{META}/finish_reason", '"stop"'), "schema"),
@@ -231,6 +231,22 @@ def test_the_prompt_count_is_what_was_sent() -> None:
     with pytest.raises(UpstreamMalformed) as caught:
         check(ANSWER, prompt=PROMPT + 1)
     assert caught.value.kind == "prompt_tokens_mismatch"
+
+
+def test_an_answer_aborted_in_the_waiting_queue_has_no_prompt_count() -> None:
+    """tokenizer_manager._handle_abort_req answers a request aborted before
+    it was scheduled with a meta_info of id, finish_reason, weight_version,
+    e2e_latency, logprobs and completion_tokens only."""
+    meta = {
+        "id": "x",
+        "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+        "weight_version": "default",
+        "e2e_latency": 0.01,
+        "output_token_logprobs": [],
+        "completion_tokens": 0,
+    }
+    got = check({"text": "", "output_ids": [], "meta_info": meta})
+    assert got.finish["type"] == "abort" and got.prompt_tokens == PROMPT and not len(got.ids)
 
 
 def test_the_vocabulary_bound_is_the_tokenizers() -> None:

@@ -28,7 +28,8 @@ from rollout_session.session.journal import reader
 from rollout_session.session.journal.writer import Journal, JournalError
 from rollout_session.session.segments import Branch, Divergence, Rollback, Segment
 from rollout_session.session.session import Session, SessionState
-from rollout_session.session.trajectory import Turn
+from rollout_session.session.trajectory import Continuation, Turn
+from rollout_session.tokens import VersionSpan
 from tests import ROOT
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {}}}]
@@ -82,6 +83,7 @@ def do_turn(
         cached_tokens=int(rng.integers(start + 1)),
         upstream_latency_s=float(rng.random()),
         created_at=NOW + float(rng.random()),
+        **interrupted(rng, sampled, start + prompt),
     )
     logprobs = (-rng.exponential(2.0, sampled)).astype(np.float32)
     if sampled:
@@ -112,6 +114,18 @@ def do_turn(
     session.model = "m"
     session.worker = "http://w1"
     journal.turn(session, experts, new_segment=branch is not None, rolled_back=rollback is not None)
+
+
+def interrupted(rng: np.random.Generator, sampled: int, prompt: int) -> dict[str, Any]:
+    """Policy spans for `sampled` tokens: one, or two with a continuation
+    between them (a weight update midway)."""
+    if sampled < 2 or not rng.integers(2):
+        return {"weight_versions": (VersionSpan(0, sampled, "v1"),) if sampled else ()}
+    cut = int(rng.integers(1, sampled))
+    return {
+        "weight_versions": (VersionSpan(0, cut, "v1"), VersionSpan(cut, sampled, None)),
+        "continuations": (Continuation(cut, "http://w2", prompt + cut, 3, int(rng.integers(2))),),
+    }
 
 
 def state(session: Session) -> dict[str, Any]:
