@@ -44,8 +44,8 @@ from tests.integration.session.test_families import WEATHER
 
 READ = [{"role": "user", "content": "Read the file notes.txt, please."}]
 THINK = [{"role": "user", "content": "Think it through, then answer at length."}]
-# Slow enough to interrupt midway: a reasoning answer takes about a second.
-TIMING: dict[str, Any] = {"decode_s_per_token": 0.004, "completion_tokens": 200}
+# Slow enough to interrupt midway: a reasoning answer takes about half a second.
+TIMING: dict[str, Any] = {"decode_s_per_token": 0.004, "completion_tokens": 120}
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ async def make(
     engine: Engine,
     *,
     decode_s: float = 0.004,
-    completion_tokens: int = 200,
+    completion_tokens: int = 120,
     **settings: Any,
 ) -> Stack:
     config = EmulatorConfig(
@@ -271,6 +271,30 @@ async def test_an_update_the_trainer_starts_at_the_worker_is_continued_at_once(
     assert 'rollout_turns_interrupted_total{action="continued"} 1.0' in metrics
 
 
+@pytest.mark.parametrize("mode", ["in_place", "retract"], ids=["in_place", "retract"])
+@pytest.mark.parametrize("name", ["sglang-chat", "sglang-generate"], ids=["chat", "generate"])
+async def test_a_request_kept_inside_the_worker_records_both_policies(
+    make_stack: StackFactory, name: str, mode: str
+) -> None:
+    """SGLang's pause modes that keep requests inside the worker: nothing is
+    aborted, and the answer's meta_info.weight_versions says which tokens
+    each version sampled (utils/weight_versions.py): recorded as reported."""
+    stack = await make(make_stack, ENGINES[name])
+    weights = stack.emulator.weights
+
+    async def update() -> None:
+        await weights.sglang_pause(mode)
+        weights.sglang_update_weight_version("v2", abort_all=False)
+        weights.sglang_continue()
+
+    answer = await interrupted_turn(stack, THINK, None, update, 10)
+    assert answer.status_code == 200, answer.text
+    (turn,) = (await stack.trajectory("interrupted"))["turns"]
+    assert turn["continuations"] == []
+    assert check_spans(turn) == ["v1", "v2"]
+    assert turn["weight_version"] == "v2"
+
+
 async def test_a_streaming_agent_gets_one_stream_of_the_whole_answer(
     make_stack: StackFactory,
 ) -> None:
@@ -360,8 +384,8 @@ async def test_a_continuation_fails_over_when_the_worker_is_gone(
 async def test_an_abort_pause_interrupts_64_turns_and_all_continue(
     make_stack: StackFactory,
 ) -> None:
-    # Answers of 4 s: none finishes before the last one has started.
-    stack = await make(make_stack, ENGINES["sglang-generate"], decode_s=0.02)
+    # Answers of 2 s: none finishes before the last one has started.
+    stack = await make(make_stack, ENGINES["sglang-generate"], decode_s=0.016)
     emulator = stack.emulator
     ids = [await stack.create() for _ in range(64)]
     answers: dict[str, httpx.Response] = {}
@@ -616,11 +640,11 @@ async def test_a_restart_while_a_turn_waits_commits_no_partial_answer(
         port=0,
         journal=str(tmp_path),
         journal_fsync="always",
-        shutdown_grace_s=0.5,
         **ENGINES["sglang-generate"].server,
     )
     app = create_app(settings, tokenizer=chat_tokenizers["chatml"])
-    server = await start_server(nursery, app)
+    # The shutdown grace (--shutdown-grace-s, as `serve` passes it).
+    server = await start_server(nursery, app, graceful_timeout=0.5)
     answers: list[httpx.Response] = []
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         await client.post("/sessions", json={"session_id": "waiting"})
