@@ -90,6 +90,9 @@ class EngineRequest:
     experts_from: int | None = None  # R3: routed experts from this position on; None: not asked
     experts_width: int | None = None  # values per position stored so far (None: none yet)
     partial: Partial | None = None  # continue this completion (engines that can)
+    # An aborted answer will be continued, never answered or committed: the
+    # engine may skip parsing it and writing its reply.
+    aborts_continue: bool = False
 
     def continued(self, partial: Partial) -> EngineRequest:
         """The request that continues `partial`, a completion of this

@@ -11,9 +11,9 @@ import numpy as np
 
 from ..errors import UpstreamMalformed
 from ..tokens import IdArray, LogprobArray, VersionSpan
-from .base import EngineRequest
+from .base import AgentReply, Completion, EngineRequest
 
-__all__ = ["Stitched", "stitch", "version_spans"]
+__all__ = ["Stitched", "stitch", "to_continue", "version_spans"]
 
 
 def version_spans(
@@ -77,3 +77,34 @@ def stitch(
     elif partial.experts is not None:
         whole_experts = partial.experts
     return whole_ids, whole_logprobs, partial.weight_versions + shifted, whole_experts
+
+
+def to_continue(
+    stitched: Stitched,
+    *,
+    cached_tokens: int | None,
+    model: str | None,
+    worker: str,
+    latency_s: float,
+    engine_state: Any,
+) -> Completion:
+    """An aborted answer the turn runner will continue
+    (`EngineRequest.aborts_continue`): what the continuation needs, with no
+    parse and no reply (neither would be used)."""
+    ids, logprobs, spans, experts = stitched
+    return Completion(
+        ids=ids,
+        logprobs=logprobs,
+        content=None,
+        tool_calls=[],
+        reasoning_content=None,
+        finish_reason="abort",
+        model=model,
+        weight_versions=spans,
+        cached_tokens=cached_tokens,
+        experts=experts,
+        worker=worker,
+        latency_s=latency_s,
+        reply=AgentReply(200, [], b""),
+        engine_state=engine_state,
+    )

@@ -203,6 +203,7 @@ class TurnRunner:
             priority=priority,
             experts_from=plan.experts_start if policy.routed_experts else None,
             experts_width=session.trajectory.experts_width if plan.keep_turns else None,
+            aborts_continue=policy.on_abort is OnAbort.CONTINUE,
         )
         result, interruption, waited = await self._sample(session, first)
         if isinstance(result, Refusal):

@@ -38,7 +38,7 @@ from ..base import (
 from ..pool import WorkerPool
 from ..served_model import ServedModel
 from ..sglang_chat.answer import AnswerCheck
-from ..stitch import stitch, version_spans
+from ..stitch import stitch, to_continue, version_spans
 from ..upstream import UpstreamReply
 from .answer import GenerateAnswer, check_generate_answer
 from .delta import Plan, Rebuild, RemoteSessions, dp_rank, lost_session
@@ -127,13 +127,21 @@ class SGLangGenerateEngine:
             self.delta.finished(session.id, reply.worker, plan, rid, request.input_ids, answer.ids)
         cached = answer.cached_tokens  # this request's, not the stitched answer's
         spans = version_spans(answer.weight_versions, answer.weight_version, len(answer.ids))
-        ids, logprobs, spans, experts = stitch(
-            request, answer.ids, answer.logprobs, spans, answer.experts
-        )
+        stitched = stitch(request, answer.ids, answer.logprobs, spans, answer.experts)
+        ids, logprobs, spans, experts = stitched
         if before is not None:
             answer = _joined(before, answer, ids, logprobs, spans)
-        parsed = await self._parse(session, reply.worker, request, answer, forced)
         model = self.model.upstream_name(request.params.get("model")) or "default"
+        if request.aborts_continue and answer.finish["type"] == "abort":
+            return to_continue(
+                stitched,
+                cached_tokens=cached,
+                model=model,
+                worker=reply.served_by,
+                latency_s=reply.latency_s,
+                engine_state=answer,
+            )
+        parsed = await self._parse(session, reply.worker, request, answer, forced)
         body = chat_completion(rid, model, answer, parsed)
         return Completion(
             ids=ids,

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from ...errors import UpstreamError, UpstreamMalformed
-from ...tokens import IdArray
+from ...tokens import IdArray, LogprobArray
 from ..base import (
     AgentReply,
     CannotContinue,
@@ -41,7 +41,7 @@ from ..base import (
 from ..pool import WorkerPool
 from ..served_model import ServedModel
 from ..sglang_chat.answer import AnswerCheck
-from ..stitch import stitch, version_spans
+from ..stitch import stitch, to_continue, version_spans
 from .answer import VllmAnswer, check_derendered, check_vllm_answer
 from .reply import chat_completion, error_reply
 from .request import (
@@ -144,15 +144,26 @@ class VllmEngine:
         self.pool.report_success(reply.worker)
         cached = answer.cached_tokens  # this request's, not the stitched answer's
         spans = version_spans(answer.weight_versions, answer.weight_version, len(answer.ids))
-        ids, logprobs, spans, experts = stitch(
-            request, answer.ids, answer.logprobs, spans, answer.experts
-        )
-        state = _Continuing(request, answer) if before is None else before
+        stitched = stitch(request, answer.ids, answer.logprobs, spans, answer.experts)
+        ids, logprobs, spans, experts = stitched
+        continued = request.aborts_continue and answer.finish_reason == "abort"
+        state = _Continuing(request, answer)
         if before is not None:
-            answer = await self._joined(session, reply.worker, before, answer, ids, upstream)
-            answer = replace(answer, logprobs=logprobs, experts=experts)
+            answer = _joined(before.answer, answer, ids, logprobs, experts)
+            if not continued:
+                # The continuation's own parse saw only its part.
+                answer = await self._derender(session, reply.worker, before.first, answer, upstream)
             state = _Continuing(before.first, answer)
         model = answer.model or upstream or "default"
+        if continued:
+            return to_continue(
+                stitched,
+                cached_tokens=cached,
+                model=model,
+                worker=reply.served_by,
+                latency_s=reply.latency_s,
+                engine_state=state,
+            )
         include_reasoning = request.params.get("include_reasoning") is not False
         body = chat_completion(
             f"chatcmpl-{request_id}", model, answer, include_reasoning=include_reasoning
@@ -174,24 +185,22 @@ class VllmEngine:
             engine_state=state,
         )
 
-    async def _joined(
+    async def _derender(
         self,
         session: EngineSession,
         worker: str,
-        before: _Continuing,
-        after: VllmAnswer,
-        ids: IdArray,
+        first: EngineRequest,
+        answer: VllmAnswer,
         model: str | None,
     ) -> VllmAnswer:
-        """The answer an uninterrupted request would have given: all the
-        ids, parsed as one by the worker's own derender route (the
-        continuation's own parse saw only its part)."""
+        """`answer` (stitched) parsed as one by the worker's own derender
+        route, as an uninterrupted request's answer would have been."""
         payload = derender_body(
-            before.first,
+            first,
             request_id=uuid.uuid4().hex,
-            ids=ids,
-            finish_reason=after.finish_reason,
-            stop_reason=after.stop_reason,
+            ids=answer.ids,
+            finish_reason=answer.finish_reason,
+            stop_reason=answer.stop_reason,
             model=model,
         )
         reply = await self.pool.follow_up(worker, session, DERENDER_PATH, payload)
@@ -201,26 +210,12 @@ class VllmEngine:
                 f"{reply.body[:300].decode('utf-8', 'replace')}"
             )
         parsed = check_derendered(reply.body)
-        earlier = before.answer
         return replace(
-            after,
-            ids=ids,
-            token_texts=earlier.token_texts + after.token_texts,
+            answer,
             content=parsed.content,
             reasoning=parsed.reasoning,
             tool_calls=parsed.tool_calls,
             finish_reason=parsed.finish_reason,
-            prompt_tokens=earlier.prompt_tokens,
-            cached_tokens=earlier.cached_tokens,  # of that prompt, as usage reports it
-            weight_versions=earlier.weight_versions
-            + [
-                {
-                    **span,
-                    "start": span["start"] + len(earlier.ids),
-                    "end": span["end"] + len(earlier.ids),
-                }
-                for span in after.weight_versions
-            ],
         )
 
     async def _constraint(
@@ -251,3 +246,29 @@ class VllmEngine:
 
     async def close_worker_sessions(self, sessions: Iterable[EngineSession]) -> None:
         """vLLM keeps no per-session state a server could free."""
+
+
+def _joined(
+    before: VllmAnswer,
+    after: VllmAnswer,
+    ids: IdArray,
+    logprobs: LogprobArray,
+    experts: tuple[bytes, int] | None,
+) -> VllmAnswer:
+    """Both answers as one, unparsed: all the tokens, the first's prompt
+    (and its cache, as usage reports it), the last's ending."""
+    shift = len(before.ids)
+    return replace(
+        after,
+        ids=ids,
+        logprobs=logprobs,
+        experts=experts,
+        token_texts=before.token_texts + after.token_texts,
+        prompt_tokens=before.prompt_tokens,
+        cached_tokens=before.cached_tokens,
+        weight_versions=before.weight_versions
+        + [
+            {**span, "start": span["start"] + shift, "end": span["end"] + shift}
+            for span in after.weight_versions
+        ],
+    )

@@ -269,6 +269,12 @@ async def test_an_update_the_trainer_starts_at_the_worker_is_continued_at_once(
     assert check_spans(doc["turns"][0]) == ["v1", "v2"]
     metrics = (await stack.client.get("/metrics")).text
     assert 'rollout_turns_interrupted_total{action="continued"} 1.0' in metrics
+    # The aborted answer was not parsed (it is continued, never answered):
+    # one parse per answered turn, the reference's and the stitched one's.
+    if name == "vllm":
+        assert sum(r.route == "vllm-derender" for r in stack.emulator.requests) == 1
+    else:
+        assert stack.emulator.parse_calls["separate_reasoning"] == 2
 
 
 @pytest.mark.parametrize("mode", ["in_place", "retract"], ids=["in_place", "retract"])
