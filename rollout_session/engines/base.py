@@ -94,6 +94,11 @@ class EngineRequest:
     # engine may skip parsing it and writing its reply.
     aborts_continue: bool = False
 
+    @property
+    def sampled_before(self) -> int:
+        """Tokens of the completion sampled before this request (its partial's)."""
+        return len(self.partial.ids) if self.partial is not None else 0
+
     def continued(self, partial: Partial) -> EngineRequest:
         """The request that continues `partial`, a completion of this
         (first) request its worker aborted: the worker is sent the prompt

@@ -13,7 +13,7 @@ from ..errors import UpstreamMalformed
 from ..tokens import IdArray, LogprobArray, VersionSpan
 from .base import AgentReply, Completion, EngineRequest
 
-__all__ = ["Stitched", "stitch", "to_continue", "version_spans"]
+__all__ = ["Stitched", "reported_spans", "stitch", "to_continue", "version_spans"]
 
 
 def version_spans(
@@ -49,6 +49,12 @@ def version_spans(
             f"weight_versions cover {at} of the {n} output tokens", kind="weight_versions"
         )
     return tuple(spans)
+
+
+def reported_spans(spans: tuple[VersionSpan, ...]) -> list[dict[str, Any]]:
+    """Spans in the shape the engines report them (the agent's reply's
+    ``metadata.weight_versions``)."""
+    return [{"version": v, "start": start, "end": end} for start, end, v in spans]
 
 
 Stitched = tuple[IdArray, LogprobArray, tuple[VersionSpan, ...], "tuple[bytes, int] | None"]

@@ -88,9 +88,8 @@ class Interruption:
     def resample(self, request: EngineRequest) -> EngineRequest:
         """The engine cannot continue `request`: sample the turn afresh,
         dropping what its partial holds."""
-        dropped = len(request.partial.ids) if request.partial is not None else 0
         self.continuations.pop()
-        return self.restart(dropped)
+        return self.restart(request.sampled_before)
 
     def restart(self, dropped: int) -> EngineRequest:
         """Sample the turn afresh, `dropped` sampled tokens thrown away."""

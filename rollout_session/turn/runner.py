@@ -246,7 +246,7 @@ class TurnRunner:
                     "afresh, %d sampled token(s) dropped",
                     session.id,
                     exc,
-                    len(request.partial.ids) if request.partial is not None else 0,
+                    request.sampled_before,
                 )
                 request = interruption.resample(request)
                 continue
@@ -262,9 +262,9 @@ class TurnRunner:
                 return result, interruption, waited
             if request.partial is not None:
                 metrics.interrupted.labels("continued").inc()
-            since = len(request.partial.ids) if request.partial is not None else 0
             result = replace(
-                result, weight_versions=relabel(result.weight_versions, since, declared)
+                result,
+                weight_versions=relabel(result.weight_versions, request.sampled_before, declared),
             )
             interruption.answered(result)
             if result.finish_reason != "abort" or policy.on_abort is OnAbort.RETURN:

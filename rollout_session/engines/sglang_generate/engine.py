@@ -38,7 +38,7 @@ from ..base import (
 from ..pool import WorkerPool
 from ..served_model import ServedModel
 from ..sglang_chat.answer import AnswerCheck
-from ..stitch import stitch, to_continue, version_spans
+from ..stitch import reported_spans, stitch, to_continue, version_spans
 from ..upstream import UpstreamReply
 from .answer import GenerateAnswer, check_generate_answer
 from .delta import Plan, Rebuild, RemoteSessions, dp_rank, lost_session
@@ -380,7 +380,7 @@ def _joined(
         prompt_tokens=before.prompt_tokens,
         cached_tokens=before.cached_tokens,  # of that prompt, as usage reports it
         reasoning_tokens=(before.reasoning_tokens or 0) + (after.reasoning_tokens or 0),
-        weight_versions=[{"version": v, "start": a, "end": b} for a, b, v in spans],
+        weight_versions=reported_spans(spans),
     )
 
 

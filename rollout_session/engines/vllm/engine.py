@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 import msgspec
 
 from ...errors import UpstreamError, UpstreamMalformed
-from ...tokens import IdArray, LogprobArray
 from ..base import (
     AgentReply,
     CannotContinue,
@@ -41,7 +40,7 @@ from ..base import (
 from ..pool import WorkerPool
 from ..served_model import ServedModel
 from ..sglang_chat.answer import AnswerCheck
-from ..stitch import stitch, to_continue, version_spans
+from ..stitch import Stitched, reported_spans, stitch, to_continue, version_spans
 from .answer import VllmAnswer, check_derendered, check_vllm_answer
 from .reply import chat_completion, error_reply
 from .request import (
@@ -149,7 +148,7 @@ class VllmEngine:
         continued = request.aborts_continue and answer.finish_reason == "abort"
         state = _Continuing(request, answer)
         if before is not None:
-            answer = _joined(before.answer, answer, ids, logprobs, experts)
+            answer = _joined(before.answer, answer, stitched)
             if not continued:
                 # The continuation's own parse saw only its part.
                 answer = await self._derender(session, reply.worker, before.first, answer, upstream)
@@ -248,16 +247,10 @@ class VllmEngine:
         """vLLM keeps no per-session state a server could free."""
 
 
-def _joined(
-    before: VllmAnswer,
-    after: VllmAnswer,
-    ids: IdArray,
-    logprobs: LogprobArray,
-    experts: tuple[bytes, int] | None,
-) -> VllmAnswer:
-    """Both answers as one, unparsed: all the tokens, the first's prompt
-    (and its cache, as usage reports it), the last's ending."""
-    shift = len(before.ids)
+def _joined(before: VllmAnswer, after: VllmAnswer, stitched: Stitched) -> VllmAnswer:
+    """Both answers as one, unparsed: the stitched tokens and spans, the
+    first's prompt (and its cache, as usage reports it), the last's ending."""
+    ids, logprobs, spans, experts = stitched
     return replace(
         after,
         ids=ids,
@@ -266,9 +259,5 @@ def _joined(
         token_texts=before.token_texts + after.token_texts,
         prompt_tokens=before.prompt_tokens,
         cached_tokens=before.cached_tokens,
-        weight_versions=before.weight_versions
-        + [
-            {**span, "start": span["start"] + shift, "end": span["end"] + shift}
-            for span in after.weight_versions
-        ],
+        weight_versions=reported_spans(spans),
     )
