@@ -676,3 +676,25 @@ async def test_a_restart_while_a_turn_waits_commits_no_partial_answer(
         doc = (await client.get("/sessions/waiting/trajectory")).json()
     assert doc["turns"] == [] and doc["token_ids"] == []
     await server.aclose()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/admin/pause", {"mode": "retract"}, "mode"),
+        ("/admin/resume", {"weight_version": 5}, "weight_version"),
+        ("/admin/resume", {"weight_version": ""}, "weight_version"),
+    ],
+    ids=["unknown-mode", "version-not-string", "version-empty"],
+)
+async def test_pause_and_resume_refuse_bad_bodies(
+    stack: Stack, path: str, body: dict[str, Any], param: str
+) -> None:
+    """In the OpenAI error shape, naming the field; the gate is unchanged
+    and the connection serves the next request."""
+    refused = await stack.client.post(path, json=body)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "invalid_request"
+    assert refused.json()["error"]["param"] == param
+    assert not stack.ctx.pause.paused and stack.ctx.pause.declared_version is None
+    assert (await stack.client.get("/health")).status_code == 200
