@@ -21,7 +21,13 @@ not draining. Two independent judgements, each with its own state:
 - **Circuit** (`Circuit`), from real traffic. ``circuit_failures`` failed
   turns in a row — transport errors, 5xx answers, answers over
   ``--max-answer-mb``, and answers that fail validation (the engine calls
-  `report_failure`) — open it. After ``circuit_open_s`` it is half-open:
+  `report_failure`) — open it. A failure the worker *answered* (a 5xx, an
+  oversize or invalid answer) may be the request's doing, not the worker's:
+  one agent's hostile requests must not shut a worker off for every session.
+  So when the count is reached by such a failure, the pool first sends its
+  dialect's one-token chat probe: if the worker answers it, the failures are
+  taken as the requests' (logged, the count starts over, the circuit stays
+  closed); if not, the circuit opens. After ``circuit_open_s`` it is half-open:
   the pool itself sends its dialect's one-token probes (agents' turns never
   test a worker) until ``circuit_successes`` in a row close it or one failure
   reopens it. Timeouts and 4xx answers count neither way: a long generation
@@ -142,7 +148,12 @@ class Worker:
     circuit_failures: int = 0
     circuit_successes: int = 0
     circuit_opened_at: float = 0.0  # trio.current_time()
+    # A chat probe is in flight: testing a half-open circuit, or confirming
+    # that failed turns are the worker's before the circuit opens.
     chat_probing: bool = False
+    # Times answered failures reached `circuit_failures` but the chat probe
+    # passed: the requests' fault, not the worker's (circuit stays closed).
+    circuit_excused: int = 0
     # The served model, once an admission check saw it listed.
     model: str | None = None
     # --kv-sessions hint: whether its /server_info says it honours session
@@ -177,6 +188,7 @@ class Worker:
             "inflight": self.inflight,
             "consecutive_failures": self.consecutive_failures,
             "circuit_failures": self.circuit_failures,
+            "circuit_excused": self.circuit_excused,
             "last_error": self.last_error,
             "last_checked_at": self.last_checked_at,
             "control_failures": dict(self.control_failures),
@@ -458,9 +470,12 @@ class WorkerPool:
                 path,
                 options.dialect.session_headers,
             )
-        except (NotSent, UpstreamError, UpstreamMalformed) as exc:
+        except (NotSent, UpstreamError) as exc:
             # UpstreamTimeout is not caught here: slowness is not death.
-            self._turn_failed(worker, str(exc))
+            self._turn_failed(worker, str(exc), answered=False)
+            raise
+        except UpstreamMalformed as exc:  # an answer over --max-answer-mb
+            self._turn_failed(worker, str(exc), answered=True)
             raise
         finally:
             worker.inflight -= 1
@@ -470,7 +485,7 @@ class WorkerPool:
                 worker.idle = trio.Event()
         if reply.status >= 500:
             logger.info("worker %s answered a turn with %d", worker.url, reply.status)
-            self._turn_failed(worker, f"answered a turn with {reply.status}")
+            self._turn_failed(worker, f"answered a turn with {reply.status}", answered=True)
         # A 200 counts once validated: the engine reports it.
         return reply
 
@@ -587,14 +602,19 @@ class WorkerPool:
         validation (`reason`: what failed)."""
         worker = self.workers.get(url)
         if worker is not None:
-            self._turn_failed(worker, reason)
+            self._turn_failed(worker, reason, answered=True)
 
-    def _turn_failed(self, worker: Worker, reason: str) -> None:
+    def _turn_failed(self, worker: Worker, reason: str, *, answered: bool) -> None:
+        """A turn failed at `worker`; `answered`: the worker answered (a
+        5xx, an oversize or invalid answer), which the request may have
+        caused, rather than the connection failing."""
         worker.last_error = f"turn: {reason}"
         if worker.circuit is not Circuit.CLOSED:
             return  # a turn sent before the circuit opened
         worker.circuit_failures += 1
-        if worker.circuit_failures >= self._options.circuit_failures:
+        if worker.circuit_failures < self._options.circuit_failures:
+            return
+        if not answered or not self._start_chat_probe(worker, self._confirm_failures):
             self._open_circuit(worker)
 
     def _open_circuit(self, worker: Worker) -> None:
@@ -619,18 +639,54 @@ class WorkerPool:
             worker.circuit_successes = 0
             logger.info("worker %s: circuit half-open; probing its chat route", worker.url)
             self._notify()
-        if (
-            worker.circuit is Circuit.HALF_OPEN
-            and worker.health is Health.HEALTHY
-            and not worker.chat_probing
-            and self.served is not None
-            and self._nursery is not None
-        ):
-            worker.chat_probing = True
-            model = self._options.fixed_upstream_model or self.served.model
-            self._nursery.start_soon(self._probe_chat, worker, model)
+        if worker.circuit is Circuit.HALF_OPEN and worker.health is Health.HEALTHY:
+            self._start_chat_probe(worker, self._half_open_probed)
 
-    async def _probe_chat(self, worker: Worker, model: str) -> None:
+    def _start_chat_probe(self, worker: Worker, then: Callable[[Worker, str | None], None]) -> bool:
+        """Send `worker` one chat probe unless one is in flight, then call
+        `then` with the failure (None: it passed); False when it cannot be
+        sent (the pool is not running, or has seen no served model yet)."""
+        if worker.chat_probing:
+            return True
+        if self.served is None or self._nursery is None:
+            return False
+        worker.chat_probing = True
+        model = self._options.fixed_upstream_model or self.served.model
+        self._nursery.start_soon(self._probe_chat, worker, model, then)
+        return True
+
+    async def _probe_chat(
+        self, worker: Worker, model: str, then: Callable[[Worker, str | None], None]
+    ) -> None:
+        reason: str | None = None
+        try:
+            reason = await self._chat_probe_failure(worker, model)
+        finally:
+            worker.chat_probing = False
+        if self.workers.get(worker.url) is worker:
+            then(worker, reason)
+
+    def _confirm_failures(self, worker: Worker, reason: str | None) -> None:
+        """The probe sent when answered failures reached the count."""
+        if worker.circuit is not Circuit.CLOSED:
+            return
+        if reason is not None:
+            worker.last_error = f"{worker.last_error}; {reason}"
+            self._open_circuit(worker)
+            return
+        worker.circuit_excused += 1
+        logger.warning(
+            "worker %s: %d failed turns in a row (last: %s), but it answers a chat "
+            "probe: taken as the requests' fault; its circuit stays closed",
+            worker.url,
+            worker.circuit_failures,
+            worker.last_error,
+        )
+        worker.circuit_failures = 0
+        self._notify()
+
+    async def _chat_probe_failure(self, worker: Worker, model: str) -> str | None:
+        """Why the dialect's one-token chat probe failed, or None."""
         options = self._options
         reason: str | None = None
         try:
@@ -649,9 +705,11 @@ class WorkerPool:
                 options.dialect.check_probe(reply.body)
         except (NotSent, UpstreamError, UpstreamMalformed, UpstreamTimeout) as exc:
             reason = f"chat probe: {exc}"
-        finally:
-            worker.chat_probing = False
-        if self.workers.get(worker.url) is not worker or worker.circuit is not Circuit.HALF_OPEN:
+        return reason
+
+    def _half_open_probed(self, worker: Worker, reason: str | None) -> None:
+        options = self._options
+        if worker.circuit is not Circuit.HALF_OPEN:
             return
         if reason is not None:
             worker.last_error = reason

@@ -56,12 +56,19 @@ class _StateCollector(Collector):
         pinned = GaugeMetricFamily(
             "rollout_worker_active_sessions", "Sessions pinned", labels=["worker"]
         )
+        excused = CounterMetricFamily(
+            "rollout_worker_circuit_excused",
+            "Times failed turns would have opened its circuit but its chat probe passed "
+            "(taken as the requests' fault)",
+            labels=["worker"],
+        )
         for worker in pool.workers.values():
             healthy.add_metric([worker.url], float(worker.healthy))
             fenced.add_metric([worker.url], float(worker.circuit is not Circuit.CLOSED))
             inflight.add_metric([worker.url], worker.inflight)
             pinned.add_metric([worker.url], worker.active_sessions)
-        yield from (healthy, fenced, inflight, pinned)
+            excused.add_metric([worker.url], worker.circuit_excused)
+        yield from (healthy, fenced, inflight, pinned, excused)
         control = CounterMetricFamily(
             "rollout_control_failures",
             "Best-effort control calls to workers that failed (logged once per worker and call)",

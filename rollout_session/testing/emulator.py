@@ -513,7 +513,7 @@ class Emulator:
             body = None
         session_id = _session_of(body) if isinstance(body, dict) else None
         try:
-            fault = self.faults.pick(fault_header)
+            fault = self.faults.pick(fault_header, body)
         except ValueError as exc:
             fault = None
             early: Reply | None = BadRequest(str(exc)).reply()
@@ -1006,7 +1006,7 @@ class Emulator:
         except orjson.JSONDecodeError:
             body = None
         try:
-            fault = self.faults.pick(headers.get(FAULT_HEADER.lower()))
+            fault = self.faults.pick(headers.get(FAULT_HEADER.lower()), body)
         except ValueError as exc:
             fault = None
             early: Reply | None = VllmError(str(exc)).reply()

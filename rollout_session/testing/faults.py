@@ -119,23 +119,35 @@ def context_length_message(context_length: int, prompt_tokens: int, budget: int)
 
 
 class FaultPicker:
-    """Chooses the fault of each request: the header wins, else the configured fault."""
+    """Chooses the fault of each request: the header wins, else the configured
+    fault, for the requests `only` selects (tests: a fault a request's content
+    causes, such as one agent's hostile requests; None selects all)."""
 
-    def __init__(self, fault: str | None, rate: float, seed: int) -> None:
+    def __init__(
+        self,
+        fault: str | None,
+        rate: float,
+        seed: int,
+        only: Callable[[Any], bool] | None = None,
+    ) -> None:
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
         self.fault = fault
         self.rate = rate
+        self.only = only
         # Own RNG: the fault sequence depends only on the seed and request order.
         self._rng = random.Random(seed)
 
-    def pick(self, requested: str | None) -> str | None:
-        """Raises ValueError for an unknown fault name in the header."""
+    def pick(self, requested: str | None, body: Any = None) -> str | None:
+        """The fault of a request with parsed `body`; raises ValueError for
+        an unknown fault name in the header."""
         if requested:
             if requested not in FAULTS:
                 raise ValueError(f"unknown fault {requested!r}; known: {', '.join(FAULTS)}")
             return requested
-        if self.fault is None or self._rng.random() >= self.rate:
+        if self.fault is None or (self.only is not None and not self.only(body)):
+            return None
+        if self._rng.random() >= self.rate:
             return None
         return self.fault
 

@@ -2,7 +2,9 @@
 
 ``--circuit-failures`` failed turns in a row (a 5xx, a transport error, an
 answer over ``--max-answer-mb``, an answer failing validation) open its
-circuit: no new pins, and its sessions re-pin on their next turn. After
+circuit: no new pins, and its sessions re-pin on their next turn. Failures
+the worker answered open it only once its chat probe fails too: one agent's
+requests that make a worker fail are not the worker's fault. After
 ``--circuit-open-s`` the pool probes its chat route; ``--circuit-successes``
 passed probes in a row close the circuit, a failed one reopens it.
 """
@@ -62,7 +64,12 @@ async def test_a_worker_failing_turns_behind_a_healthy_health_is_fenced(
         assert response.status_code == status, response.text
         if code is not None:
             assert response.json()["error"]["code"] == code
-    assert broken.circuit is Circuit.OPEN
+    # A transport error opens it at once; an answered failure once the chat
+    # probe fails too.
+    with trio.fail_after(10):
+        await pool.wait_until(lambda: broken.circuit is Circuit.OPEN)
+    probed = fault != "drop_connection"
+    assert broken.circuit_excused == 0
     # Its /health still answers: only the circuit fences it.
     probes = broken.last_checked_at
     with trio.fail_after(10):
@@ -77,7 +84,7 @@ async def test_a_worker_failing_turns_behind_a_healthy_health_is_fenced(
     for _ in range(3):
         response = await next_turn(stack, await stack.create())
         assert response.status_code == 200
-    assert stack.workers[0].emulator.received == N
+    assert stack.workers[0].emulator.received == N + probed
     assert broken.active_sessions == 0 and pool_worker(stack, 1).active_sessions == 4
     listed = {w["url"]: w for w in (await stack.client.get("/workers")).json()["workers"]}
     assert listed[broken.url]["circuit"] == "open" and not listed[broken.url]["healthy"]
@@ -108,6 +115,8 @@ async def test_half_open_probes_close_the_circuit_or_reopen_it(
     session_id = await stack.create()
     for _ in range(2):
         assert (await stack.chat(session_id, messages=USER)).status_code == 500
+    with trio.fail_after(10):  # once the confirming probe failed
+        await pool.wait_until(lambda: broken.circuit is Circuit.OPEN)
     first_opened = broken.circuit_opened_at
     # Still broken: the half-open probe fails and the circuit opens again.
     with trio.fail_after(10):
@@ -147,3 +156,45 @@ async def test_an_answer_failing_validation_counts_once(make_stack: StackFactory
     assert response.status_code == 200
     assert worker.circuit_failures == 0
     assert len((await stack.trajectory(session_id))["turns"]) == 1
+
+
+async def test_one_agents_failing_requests_do_not_fence_the_worker(
+    make_stack: StackFactory,
+) -> None:
+    """A hostile session whose every request makes the only worker answer 500
+    reaches the count on its own, again and again: each time the chat probe
+    passes, and healthy sessions beside it never see 503."""
+    stack = await make_stack(**FAST)
+    pool = stack.ctx.pool
+    worker = pool_worker(stack, 0)
+
+    def hostile(body: Any) -> bool:  # the request's content causes the fault
+        return isinstance(body, dict) and body.get("temperature") == 1.25
+
+    stack.workers[0].emulator.faults = FaultPicker("http_500", 1.0, 0, only=hostile)
+    attacker = await stack.create()
+
+    async def attack() -> None:
+        for _ in range(2 * N):
+            response = await stack.chat(attacker, messages=USER, temperature=1.25)
+            assert response.status_code == 500, response.text
+
+    async def work(session_id: str) -> None:
+        for _ in range(3):
+            response = await next_turn(stack, session_id)
+            assert response.status_code == 200, response.text
+
+    await attack()  # alone: its failures are in a row
+    with trio.fail_after(10):
+        await pool.wait_until(lambda: not worker.chat_probing)
+    assert worker.circuit is Circuit.CLOSED and worker.circuit_excused >= 1
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(attack)
+        for _ in range(3):
+            nursery.start_soon(work, await stack.create())
+    with trio.fail_after(10):
+        await pool.wait_until(lambda: not worker.chat_probing)
+    assert worker.circuit is Circuit.CLOSED and worker.healthy
+    metrics = (await stack.client.get("/metrics")).text
+    excused = f'rollout_worker_circuit_excused_total{{worker="{worker.url}"}} '
+    assert f"{excused}{float(worker.circuit_excused)}" in metrics
