@@ -137,7 +137,8 @@ async def run_episode(
         messages = after_tool_call(messages, response.content, result)
         if turn + 1 < ep.turns:
             await trio.sleep(ep.tool_s[turn])  # the tool runs; the agent is idle
-    deleted = await client.delete(f"{server}/sessions/{session_id}")
+    # v1's document (the last segment at the top level: one segment here).
+    deleted = await client.delete(f"{server}/sessions/{session_id}", params={"schema": 1})
     deleted.raise_for_status()
     return Collected(ep, orjson.loads(deleted.content), sizes)
 

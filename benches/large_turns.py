@@ -28,8 +28,20 @@ Targets run interleaved ``--repeats`` times (replay; ``--emulator-repeats``
 for the slow emulator upstream); the table shows the median run by chats/s
 with the range, the JSON keeps every run.
 
+``--close``: after the measured turns, the server paths collect every
+session of the run with ``DELETE`` (K trainers at a time, one connection
+each), in a window of their own: bytes per session, DELETE latency, the
+server's CPU per DELETE, ``/health`` during the DELETEs, and the server's
+peak RSS over the whole run (medians over the repeats). ``--compare-with
+DIR`` adds the path ``server-before``: a session server from the package
+exported at DIR (``git archive <commit> rollout_session | tar -x -C DIR``,
+put first on its ``PYTHONPATH``), interleaved with the others, so before
+and after come from the same run under the same machine load.
+
     python benches/large_turns.py                       # both variants and upstreams
     python benches/large_turns.py --variants logprobs --upstreams replay --profile prof/
+    python benches/large_turns.py --variants logprobs --upstreams replay --targets server \
+        --close --compare-with /tmp/rs-before
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -71,7 +84,9 @@ from _common import (
     write_json,
 )
 
-TARGETS = ("server", "raw", "raw-quart", "direct")
+TARGETS = ("server", "server-before", "raw", "raw-quart", "direct")
+# The paths that are session servers: they have sessions to collect.
+SERVERS = ("server", "server-before")
 
 
 def padding(words: int, salt: int) -> str:
@@ -136,6 +151,7 @@ class Load:
     bytes_in: int = 0
     errors: list[str] = field(default_factory=list)
     chats: int = 0
+    sessions: list[str] = field(default_factory=list)  # server paths: to collect
 
 
 async def agent(
@@ -153,6 +169,7 @@ async def agent(
                 created = await client.post(f"{front}/sessions")
                 created.raise_for_status()
                 url = f"{front}{created.json()['base_url']}/chat/completions"
+                load.sessions.append(created.json()["session_id"])
             else:
                 url = f"{front}/v1/chat/completions"
             messages: list[dict[str, Any]] = [
@@ -218,11 +235,64 @@ async def record_answer(worker: str, variant: Variant, path: Path) -> int:
     return len(response.content)
 
 
+@dataclass
+class Collection:
+    latencies: list[float] = field(default_factory=list)
+    bytes_in: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def collect(front: str, session_ids: list[str], trainers: int) -> Collection:
+    """DELETE every session, `trainers` at a time, each with its own connection."""
+    done = Collection()
+    pending = iter(session_ids)
+
+    async def trainer() -> None:
+        async with agent_client(timeout=900) as client:
+            for session_id in pending:
+                started = time.perf_counter()
+                response = await client.delete(f"{front}/sessions/{session_id}")
+                done.latencies.append(time.perf_counter() - started)
+                done.bytes_in += len(response.content)
+                if response.status_code != 200:
+                    done.errors.append(f"{response.status_code}: {response.content[:200]!r}")
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(trainers, len(session_ids))):
+            nursery.start_soon(trainer)
+    return done
+
+
+async def measure_close(
+    args: argparse.Namespace, server: Child, session_ids: list[str]
+) -> dict[str, Any]:
+    """The DELETE window: every session of the measured run collected."""
+    async with health_probe(server.url, args.health_interval_s) as probe:
+        window = Window([server, probe.process])
+        done = await collect(server.url, session_ids, args.sessions)
+        usage = window.finish()
+    n = max(len(done.latencies), 1)
+    return {
+        "sessions closed": len(done.latencies),
+        "KiB/session": done.bytes_in / n / 1024,
+        "delete p50 ms": ms(pct(done.latencies, 50)),
+        "delete p99 ms": ms(pct(done.latencies, 99)),
+        "delete CPU ms/session": ms(usage[f"{server.name}_cpu_s"] / n),
+        "delete loop CPU ms/session": ms(usage[f"{server.name}_main_cpu_s"] / n),
+        "delete health p99 ms": ms(pct(probe.latencies, 99)),
+        "delete errors": len(done.errors),
+        "first delete error": done.errors[0] if done.errors else "",
+    }
+
+
 def front_process(target: str, upstream: Child, variant: Variant, args: argparse.Namespace) -> Any:
     """The process agents talk to for `target` (a context manager; None = direct)."""
-    if target == "server":
+    if target in SERVERS:
         command = server_command([upstream.url], *variant.server_flags, *args.server_flag)
-        return child("server", command, marker="rollout-session listening on")
+        if target == "server-before":
+            # `env` execs the server: the child's pid (and so its CPU) is the server's.
+            command = ["env", f"PYTHONPATH={args.compare_with.resolve()}", *command]
+        return child(target, command, marker="rollout-session listening on")
     if target.startswith("raw"):
         framework = "quart" if target == "raw-quart" else "asgi"
         command = bench_command(
@@ -241,9 +311,11 @@ async def measure(
 ) -> dict[str, Any]:
     async with front_process(target, upstream, variant, args) as front_child:
         front = front_child.url if front_child else upstream.url
-        mode = "server" if target == "server" else "plain"
+        mode = "server" if target in SERVERS else "plain"
         # Warm-up: connections, tokenizer caches, first-call imports.
-        await run_load(front, mode, variant, min(16, args.sessions), range(1), args.turns)
+        warm = await run_load(front, mode, variant, min(16, args.sessions), range(1), args.turns)
+        if args.close and mode == "server":
+            await collect(front, warm.sessions, args.sessions)  # and the DELETE path
         measured = front_child or upstream
         rounds = range(1, 1 + args.rounds)
         prof_path = (
@@ -259,6 +331,10 @@ async def measure(
             usage = window.finish()
         health = probe.latencies
         rss, peak = measured.memory_mib()
+        closed: dict[str, Any] = {}
+        if args.close and mode == "server" and front_child is not None:
+            closed = await measure_close(args, front_child, load.sessions)
+            closed["run peak MiB"] = front_child.memory_mib()[1]
     chats = load.chats
     wall = usage["wall_s"]
     return {
@@ -290,6 +366,7 @@ async def measure(
         "front RSS MiB": rss if front_child else math.nan,
         "front peak MiB": peak if front_child else math.nan,
         "first error": load.errors[0] if load.errors else "",
+        **closed,
     }
 
 
@@ -344,9 +421,15 @@ async def main(args: argparse.Namespace) -> None:
     print(table(rows, _COLUMNS))
     print()
     print(table(rows, _CPU_COLUMNS))
-    errors = [r for r in rows if r["errors"]]
+    closing = [r for r in rows if "sessions closed" in r]
+    if closing:
+        print()
+        print(f"DELETE of every session (medians of {args.repeats} runs)")
+        print(table(closing, _CLOSE_COLUMNS))
+    errors = [r for r in rows if r["errors"] or r.get("delete errors")]
     for r in errors:
-        print(f"ERRORS in {r['variant']}/{r['upstream']}/{r['target']}: {r['first error']}")
+        first = r["first error"] or r.get("first delete error")
+        print(f"ERRORS in {r['variant']}/{r['upstream']}/{r['target']}: {first}")
     write_json(
         args.json, {"args": _jsonable(args), "load": load_average(), "rows": rows, "runs": runs}
     )
@@ -387,9 +470,28 @@ _CPU_COLUMNS = [
 ]
 
 
+_CLOSE_COLUMNS = [
+    "variant",
+    "upstream",
+    "target",
+    "sessions closed",
+    "KiB/session",
+    "delete p50 ms",
+    "delete p99 ms",
+    "delete CPU ms/session",
+    "delete CPU range",
+    "delete loop CPU ms/session",
+    "delete health p99 ms",
+    "run peak MiB",
+    "delete errors",
+]
+# Medians over the repeats, each on its own (not the median run by chats/s).
+_CLOSE_MEDIANS = [c for c in _CLOSE_COLUMNS[4:] if c not in ("delete CPU range", "delete errors")]
+
+
 def median_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (variant, upstream, target): the run with the median chats/s,
-    plus the spread over the repeats."""
+    plus the spread over the repeats (the DELETE window's figures: medians)."""
     rows = []
     keys = dict.fromkeys((r["variant"], r["upstream"], r["target"]) for r in runs)
     for key in keys:
@@ -405,6 +507,12 @@ def median_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"{min(r['health p99 ms'] for r in group):.0f}-"
             f"{max(r['health p99 ms'] for r in group):.0f}"
         )
+        if "sessions closed" in row:
+            for column in _CLOSE_MEDIANS:
+                row[column] = statistics.median(r[column] for r in group)
+            cpu = [r["delete CPU ms/session"] for r in group]
+            row["delete CPU range"] = f"{min(cpu):.0f}-{max(cpu):.0f}"
+            row["delete errors"] = sum(r["delete errors"] for r in group)
         rows.append(row)
     return rows
 
@@ -474,6 +582,21 @@ if __name__ == "__main__":
         "--server-flag", action="append", default=[], help="extra flag for `serve` (repeatable)"
     )
     parser.add_argument("--profile", type=Path, help="py-spy the server/raw proxy into this dir")
+    parser.add_argument(
+        "--close", action="store_true", help="then DELETE every session, in a window of its own"
+    )
+    parser.add_argument(
+        "--compare-with",
+        type=Path,
+        help="also run a server from the package exported at this dir (path server-before)",
+    )
     parser.add_argument("--json", type=Path, help="write results here")
     parser.add_argument("--plot", type=Path, help="write a PNG here")
-    trio.run(main, parser.parse_args())
+    parsed = parser.parse_args()
+    if parsed.compare_with and "server-before" not in parsed.targets:
+        # Right after the server: the two alternate in every repeat.
+        at = parsed.targets.index("server") + 1 if "server" in parsed.targets else 0
+        parsed.targets.insert(at, "server-before")
+    elif "server-before" in parsed.targets and not parsed.compare_with:
+        parser.error("the server-before path needs --compare-with DIR")
+    trio.run(main, parsed)

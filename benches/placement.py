@@ -258,7 +258,10 @@ async def run_policy(
                 pool = (await client.get(f"{server.url}/workers")).json()
                 documents = []
                 for session_id in sessions:
-                    response = await client.delete(f"{server.url}/sessions/{session_id}")
+                    # v1's document: one segment per session here.
+                    response = await client.delete(
+                        f"{server.url}/sessions/{session_id}", params={"schema": 1}
+                    )
                     response.raise_for_status()
                     documents.append(orjson.loads(response.content))
                 served, busy = {}, {}

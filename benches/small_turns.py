@@ -179,7 +179,9 @@ async def server_overheads(front: str, run: Run) -> list[float]:
     upstream: dict[tuple[str, int], float] = {}
     async with httpx.AsyncClient(timeout=60) as client:
         for session_id in run.sessions:
-            response = await client.delete(f"{front}/sessions/{session_id}")
+            # v1's document, which server-before (an older package) answers
+            # too: it ignores ?schema= and has the same fields at the top level.
+            response = await client.delete(f"{front}/sessions/{session_id}", params={"schema": 1})
             response.raise_for_status()
             for turn in response.json()["turns"]:
                 upstream[(session_id, turn["index"])] = turn["upstream_latency_s"]

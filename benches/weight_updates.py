@@ -288,7 +288,9 @@ async def measure(
             documents = []
             for agent in agents:
                 url = f"{server.url}/sessions/{agent.session_id}/trajectory"
-                exported = await control.get(url)
+                # v1's document (the last segment at the top level), which
+                # servers from before schema 3 answer too (they ignore ?schema=).
+                exported = await control.get(url, params={"schema": 1})
                 if exported.status_code != 200:
                     raise BenchFailure(f"GET {url}: {exported.status_code} {exported.text[:300]}")
                 documents.append(exported.json())

@@ -36,6 +36,9 @@ import orjson
 
 # The export's `?format=` views (docs/training.md).
 View = Literal["document", "sample", "steps"]
+# The document's `?schema=`: 1 is v1's (the last segment's fields at the top
+# level), 3 every segment once (the server's default).
+Schema = Literal[1, 3]
 
 __all__ = [
     "SessionClient",
@@ -181,14 +184,20 @@ class SessionClient:
         *,
         include: Sequence[str] | None = None,
         view: View = "document",
+        schema: Schema | None = None,
     ) -> dict[str, Any]:
         """The trajectory so far, without closing; `session` is the handle
         `create` returned or its id. `view`: the whole ``document``, one
-        ``sample`` per segment, or one record per turn (``steps``)."""
+        ``sample`` per segment, or one record per turn (``steps``).
+        `schema` (documents only): ``1`` for v1's document, the last
+        segment's fields at the top level; None (the server's default, 3):
+        every segment under ``segments``."""
         session_id = _id_of(session)
         server = self.server_for(session_id)
         response, _ = await self._send(
-            "GET", f"{server}/sessions/{session_id}/trajectory", params=_params(include, view)
+            "GET",
+            f"{server}/sessions/{session_id}/trajectory",
+            params=_params(include, view, schema),
         )
         self._raise_for(response)
         doc: dict[str, Any] = orjson.loads(response.content)
@@ -200,15 +209,16 @@ class SessionClient:
         *,
         include: Sequence[str] | None = None,
         view: View = "document",
+        schema: Schema | None = None,
     ) -> dict[str, Any]:
         """Collect the final trajectory (status ``closed``); `session` is the
-        handle `create` returned or its id, `include` and `view` as for
-        `trajectory`. Retried on a lost answer: the server answers a repeated
+        handle `create` returned or its id, `include`, `view` and `schema` as
+        for `trajectory`. Retried on a lost answer: the server answers a repeated
         DELETE with the same document for ``--keep-collected-s``, then
         forgets the session."""
         session_id = _id_of(session)
         url = f"{self.server_for(session_id)}/sessions/{session_id}"
-        response, retried = await self._send("DELETE", url, params=_params(include, view))
+        response, retried = await self._send("DELETE", url, params=_params(include, view, schema))
         if retried and response.status_code == 404:
             # The first try may have collected it, and the server forgot it since.
             raise TrajectoryLost(
@@ -255,10 +265,12 @@ class SessionClient:
         return answers
 
 
-def _params(include: Sequence[str] | None, view: View) -> dict[str, str]:
+def _params(include: Sequence[str] | None, view: View, schema: Schema | None) -> dict[str, str]:
     params: dict[str, str] = {"format": view}
     if include is not None:
         params["include"] = ",".join(include)
+    if schema is not None:
+        params["schema"] = str(schema)
     return params
 
 

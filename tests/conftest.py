@@ -159,8 +159,13 @@ class Stack:
     async def chat(self, session_id: str, **body: Any) -> httpx.Response:
         return await self.client.post(f"/sessions/{session_id}/v1/chat/completions", json=body)
 
-    async def trajectory(self, session_id: str) -> dict[str, Any]:
-        response = await self.client.get(f"/sessions/{session_id}/trajectory")
+    async def trajectory(self, session_id: str, schema: int = 1) -> dict[str, Any]:
+        """The export document. Schema 1 by default (v1's: the last
+        segment's fields at the top level), what most tests read: their
+        sessions have one segment; ``schema=3`` for every segment."""
+        response = await self.client.get(
+            f"/sessions/{session_id}/trajectory", params={"schema": schema}
+        )
         assert response.status_code == 200, response.text
         doc: dict[str, Any] = response.json()
         return doc

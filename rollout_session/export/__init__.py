@@ -1,9 +1,9 @@
 """What the trainer gets: the export document, its views, bulk export.
 
-Owns: the document (schema version 2) and its sample and steps views
-(`document`), and bulk export of a server's sessions to JSON Lines or
-Parquet (`bulk`, the `rollout-session export` command; Parquet is the
-``parquet`` extra).
+Owns: the document (schema version 3; v1's with ``?schema=1``) and its
+sample and steps views (`document`), and bulk export of a server's sessions
+to JSON Lines or Parquet (`bulk`, the `rollout-session export` command;
+Parquet is the ``parquet`` extra).
 
 May import: `session`, `errors`, `tokens`. `bulk` is a client of the
 server's HTTP API and imports nothing of the server."""

@@ -1,15 +1,16 @@
 """Bulk export: every matching session of a server to JSON Lines or Parquet.
 
 ``rollout-session export --server URL --out DIR [--format jsonl|parquet]
-[--state open|closed|all] [--close]``. Sessions are listed first (paging by
+[--state open|closed|all] [--close] [--schema 1|3]``. Sessions are listed first (paging by
 cursor), then fetched one by one — or collected with DELETE when ``--close``
 is given — and streamed to ``DIR/trajectories.{jsonl,parquet}``, so memory
 holds one Parquet row group at most. ``--state closed`` means sessions the
 server closed by itself (state ``expired``): DELETE'd sessions are already in
 their collector's hands.
 
-JSON Lines hold one export document (all segments) per line. Parquet holds
-one row per segment (each a linear sample; ``segment`` and ``num_segments``
+JSON Lines hold one export document (schema 3: all segments) per line, or
+with ``--schema 1`` v1's document (the last segment's fields at the top
+level). Parquet holds one row per segment (each a linear sample; ``segment`` and ``num_segments``
 say which): token ids ``list<int32>``, loss mask ``list<int8>``, logprobs
 ``list<float32>``; ``metadata``, ``branch``, ``rollbacks``, ``turns``,
 ``messages`` and ``routed_experts`` as JSON strings (they are nested and
@@ -30,6 +31,8 @@ from tqdm import tqdm
 __all__ = ["add_arguments", "export_sessions", "parquet_schema", "run"]
 
 _STATES: Final = {"open": "open", "closed": "expired", "all": None}
+# The documents' `?schema=` (docs/training.md#the-export-document-schema_version-3).
+_SCHEMAS: Final = (1, 3)
 _JSON_COLUMNS: Final = (
     "metadata",
     "branch",
@@ -91,19 +94,23 @@ def _ok(response: httpx.Response) -> Any:
     return orjson.loads(response.content)
 
 
-def _documents(client: httpx.Client, ids: list[str], close: bool) -> Iterator[dict[str, Any]]:
+def _documents(
+    client: httpx.Client, ids: list[str], close: bool, schema: int
+) -> Iterator[dict[str, Any]]:
+    params = {"schema": str(schema)}
     for session_id in ids:
         if close:
-            response = client.delete(f"/sessions/{session_id}")
+            response = client.delete(f"/sessions/{session_id}", params=params)
         else:
-            response = client.get(f"/sessions/{session_id}/trajectory")
+            response = client.get(f"/sessions/{session_id}/trajectory", params=params)
         if response.status_code == 404:
             continue  # collected or closed by someone else meanwhile
         yield _ok(response)
 
 
 def _rows(doc: dict[str, Any], names: list[str]) -> Iterator[dict[str, Any]]:
-    """One row per segment: the session's fields, then the segment's own."""
+    """One row per segment (of a schema 3 document): the session's fields,
+    then the segment's own."""
     for segment in doc["segments"]:
         fields = {**doc, **segment, "segment": segment["index"]}
         row = {name: fields.get(name) for name in names}
@@ -122,8 +129,14 @@ def export_sessions(
     close: bool = False,
     api_key: str | None = None,
     progress: bool = True,
+    schema: int = 3,
 ) -> tuple[Path, int]:
-    """Write every matching session; return (file, number of sessions written)."""
+    """Write every matching session; return (file, number of sessions written).
+    `schema`: of the JSON Lines documents (Parquet rows are per segment)."""
+    if schema not in _SCHEMAS:
+        raise ValueError(f"schema must be one of {_SCHEMAS}")
+    if fmt == "parquet" and schema != 3:
+        raise ValueError("Parquet rows are one per segment: --schema 1 is for --format jsonl")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"trajectories.{fmt}"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -131,7 +144,10 @@ def export_sessions(
     with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=120) as client:
         ids = _list_ids(client, _STATES[state])
         docs = tqdm(
-            _documents(client, ids, close), total=len(ids), unit="session", disable=not progress
+            _documents(client, ids, close, schema),
+            total=len(ids),
+            unit="session",
+            disable=not progress,
         )
         if fmt == "jsonl":
             with path.open("wb") as out:
@@ -139,20 +155,20 @@ def export_sessions(
                     out.write(orjson.dumps(doc) + b"\n")
                     written += 1
         else:
-            schema = parquet_schema()
+            columns = parquet_schema()
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            with pq.ParquetWriter(path, schema) as writer:
+            with pq.ParquetWriter(path, columns) as writer:
                 batch: list[dict[str, Any]] = []
                 for doc in docs:
-                    batch += _rows(doc, schema.names)
+                    batch += _rows(doc, columns.names)
                     written += 1
                     if len(batch) >= _ROW_GROUP:
-                        writer.write_table(pa.Table.from_pylist(batch, schema))
+                        writer.write_table(pa.Table.from_pylist(batch, columns))
                         batch = []
                 if batch or not written:
-                    writer.write_table(pa.Table.from_pylist(batch, schema))
+                    writer.write_table(pa.Table.from_pylist(batch, columns))
     return path, written
 
 
@@ -168,9 +184,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--close", action="store_true", help="collect (DELETE) each session")
     parser.add_argument("--api-key", default=None, help="Bearer token if the server has one")
+    parser.add_argument(
+        "--schema",
+        type=int,
+        choices=_SCHEMAS,
+        default=3,
+        help="JSON Lines: 3 = every segment once; 1 = v1's document (the last segment's "
+        "fields at the top level)",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.format == "parquet" and args.schema != 3:
+        raise SystemExit("--schema 1 is for --format jsonl: Parquet rows are one per segment")
     path, written = export_sessions(
         args.server,
         args.out,
@@ -178,5 +204,6 @@ def run(args: argparse.Namespace) -> None:
         state=args.state,
         close=args.close,
         api_key=args.api_key,
+        schema=args.schema,
     )
     print(f"wrote {written} sessions to {path}")

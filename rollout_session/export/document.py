@@ -1,5 +1,5 @@
 """What the trainer gets: the export document and its sample and steps views
-(docs/training.md#the-export-document-schema_version-2).
+(docs/training.md#the-export-document-schema_version-3).
 
 `export_document` runs on the event loop and builds the token arrays afresh
 from the trajectory's chunks (a memcpy of ~4 bytes per token, plus the
@@ -8,9 +8,11 @@ the session commits or rolls back a turn meanwhile; `serialize` may then run
 on a worker thread. Token arrays go to orjson as numpy arrays
 (``OPT_SERIALIZE_NUMPY``): no per-token Python objects on the way out.
 
-A session is a list of segments (`session/segments.py`); the document carries every
-one under ``segments``, and its v1 top-level fields (``token_ids`` …
-``messages``) are the last segment's, the same objects serialised twice.
+A session is a list of segments (`session/segments.py`); the document
+(schema 3) carries every one under ``segments``, each array once. ``?schema=1``
+asks for v1's document instead: the last segment's fields at the top level,
+no ``segments``. (Schema 2 carried both, so every DELETE wrote the last
+segment twice.)
 
 Optional parts (``?include=turns,messages,routed_experts``) let a trainer skip
 what it does not need; the default is the whole document.
@@ -20,12 +22,14 @@ names of slime/miles' ``Sample``: ``tokens`` (prompt + response),
 ``response_length``, and ``loss_mask`` / ``rollout_log_probs`` over the
 response part only (tool results and other observations inside the response
 have mask 0), all sharing the session id as ``episode_id``. The steps view
-(``?format=steps``) is one record per turn for step-wise trainers.
+(``?format=steps``) is one record per turn for step-wise trainers. Both
+views are unchanged since schema 2 and say so (``schema_version`` 2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -41,17 +45,28 @@ from ..tokens import IdArray
 __all__ = [
     "DEFAULT_PARTS",
     "OPTIONAL_PARTS",
+    "SCHEMAS",
     "SCHEMA_VERSION",
+    "VIEWS_SCHEMA_VERSION",
+    "ExportQuery",
     "ExportStatus",
     "export_document",
     "parse_include",
+    "parse_query",
     "sample_view",
     "serialize",
     "steps_view",
+    "v1_document",
     "view_document",
 ]
 
-SCHEMA_VERSION = 2
+# The document's: 3 carries each segment once (2 also repeated the last
+# segment's fields at the top level; 1 had no segments).
+SCHEMA_VERSION: Final = 3
+# What `?schema=` may ask for: v1's document (the last segment) or the current.
+SCHEMAS: Final = (1, SCHEMA_VERSION)
+# The sample and steps views have not changed since schema 2.
+VIEWS_SCHEMA_VERSION: Final = 2
 ExportStatus = Literal["open", "closed", "expired"]
 VIEWS: Final = ("document", "sample", "steps")
 OPTIONAL_PARTS: Final = frozenset({"turns", "messages", "routed_experts", "pieces"})
@@ -65,6 +80,44 @@ _SAMPLE_STATUS: Final = {
     "length": "truncated",
     "abort": "aborted",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class ExportQuery:
+    """An export's query parameters: ``format``, ``include``, ``schema``."""
+
+    view: str = "document"
+    include: frozenset[str] = DEFAULT_PARTS
+    schema: int = SCHEMA_VERSION
+
+
+def parse_query(args: Mapping[str, str]) -> ExportQuery:
+    """``?format=`` (document, sample, steps), ``?include=`` and ``?schema=``
+    (1 or 3, documents only) of `GET …/trajectory` and `DELETE`."""
+    view = args.get("format", "document")
+    if view not in VIEWS:
+        raise InvalidRequest(f"format must be one of {', '.join(VIEWS)}", param="format")
+    return ExportQuery(view, parse_include(args.get("include")), _parse_schema(args, view))
+
+
+def _parse_schema(args: Mapping[str, str], view: str) -> int:
+    raw = args.get("schema")
+    if raw is None:
+        return SCHEMA_VERSION
+    if view != "document":
+        raise InvalidRequest(
+            f"schema is for format=document; the {view} view has one shape "
+            f"(schema_version {VIEWS_SCHEMA_VERSION})",
+            param="schema",
+        )
+    if raw not in {str(v) for v in SCHEMAS}:
+        raise InvalidRequest(
+            "schema must be 1 (v1's document: the last segment's fields at the top level) "
+            f"or {SCHEMA_VERSION} (every segment once, the default); schema 2 is not served: "
+            f"its segments are schema {SCHEMA_VERSION}'s, its top-level fields schema 1's",
+            param="schema",
+        )
+    return int(raw)
 
 
 def parse_include(raw: str | None) -> frozenset[str]:
@@ -86,9 +139,13 @@ def view_document(
     status: ExportStatus,
     include: Iterable[str] = DEFAULT_PARTS,
     decode_pieces: Callable[[IdArray], list[str]] | None = None,
+    schema: int = SCHEMA_VERSION,
 ) -> dict[str, Any]:
-    """The `?format=` view of a session: ``document``, ``sample`` or ``steps``."""
+    """The `?format=` view of a session: ``document`` (`schema` 3, or 1:
+    `v1_document`), ``sample`` or ``steps``."""
     if view == "document":
+        if schema == 1:
+            return v1_document(session, status, include, decode_pieces)
         return export_document(session, status, include, decode_pieces)
     if view == "sample":
         return sample_view(session, status)
@@ -177,31 +234,55 @@ def _segment_document(
     return doc
 
 
-def export_document(
-    session: Session,
-    status: ExportStatus,
-    include: Iterable[str] = DEFAULT_PARTS,
-    decode_pieces: Callable[[IdArray], list[str]] | None = None,
-) -> dict[str, Any]:
-    parts = frozenset(include)
-    segments = [
-        _segment_document(segment, i, parts, decode_pieces)
-        for i, segment in enumerate(session.segments())
-    ]
-    last = {k: v for k, v in segments[-1].items() if k not in ("index", "branch")}
+def _session_fields(session: Session, status: ExportStatus, schema: int) -> dict[str, Any]:
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema,
         "session_id": session.id,
         "status": status,
         "metadata": session.metadata,
         "created_at": session.created_at,
         "closed_at": session.closed_at,
         "model": session.model,
-        # v1's fields: the last segment (every segment is under "segments").
-        **last,
+    }
+
+
+def export_document(
+    session: Session,
+    status: ExportStatus,
+    include: Iterable[str] = DEFAULT_PARTS,
+    decode_pieces: Callable[[IdArray], list[str]] | None = None,
+) -> dict[str, Any]:
+    """The document (schema 3): the session's fields and every segment,
+    each segment's arrays once."""
+    parts = frozenset(include)
+    segments = [
+        _segment_document(segment, i, parts, decode_pieces)
+        for i, segment in enumerate(session.segments())
+    ]
+    return {
+        **_session_fields(session, status, SCHEMA_VERSION),
         "num_segments": len(segments),
         "rollbacks": [r.as_dict() for r in session.rollbacks],
         "segments": segments,
+    }
+
+
+def v1_document(
+    session: Session,
+    status: ExportStatus,
+    include: Iterable[str] = DEFAULT_PARTS,
+    decode_pieces: Callable[[IdArray], list[str]] | None = None,
+) -> dict[str, Any]:
+    """``?schema=1``: v1's document, the last segment's fields at the top
+    level (the whole trajectory only when ``num_segments`` is 1)."""
+    segments = session.segments()
+    last = _segment_document(segments[-1], len(segments) - 1, frozenset(include), decode_pieces)
+    del last["index"], last["branch"]
+    return {
+        **_session_fields(session, status, 1),
+        **last,
+        # Not v1's: what a v1 reader needs to see that it has the last segment only.
+        "num_segments": len(segments),
     }
 
 
@@ -230,7 +311,7 @@ def sample_view(session: Session, status: ExportStatus = "open") -> dict[str, An
             }
         )
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": VIEWS_SCHEMA_VERSION,
         "session_id": session.id,
         "status": status,
         "samples": samples,
@@ -266,7 +347,7 @@ def steps_view(session: Session, status: ExportStatus = "open") -> dict[str, Any
     if steps:
         steps[-1]["is_last"] = True
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": VIEWS_SCHEMA_VERSION,
         "session_id": session.id,
         "status": status,
         "metadata": session.metadata,

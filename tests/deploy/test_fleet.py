@@ -125,7 +125,7 @@ async def test_create_through_any_shard_agents_on_owner_collect_through_any(
             session_id = doc["session_id"]
             owner = rendezvous_owner(urls, session_id)
             other = next(u for u in urls if u != owner)
-            path = f"/sessions/{session_id}/trajectory?format=document"
+            path = f"/sessions/{session_id}/trajectory?format=document&schema=1"
             moved = await http.get(other + path)
             assert moved.status_code == 307
             assert moved.headers["location"] == owner + path
@@ -225,7 +225,7 @@ async def test_a_killed_shard_fails_clearly_and_restarts_from_its_journal(
             # The other shards' sessions go on.
             for url in (urls[0], urls[2]):
                 for session_id in sessions[url]:
-                    doc = await client.trajectory(session_id)
+                    doc = await client.trajectory(session_id, schema=1)
                     assert len(doc["turns"]) == 1
         unreachable = (await http.get(f"{urls[0]}/health?fleet=1")).json()
         assert unreachable["status"] == "degraded"
@@ -237,7 +237,7 @@ async def test_a_killed_shard_fails_clearly_and_restarts_from_its_journal(
             url, restarted = await start_listening(nursery, restart)
             assert url == victim
             for session_id in sessions[victim]:
-                path = f"/sessions/{session_id}/trajectory"
+                path = f"/sessions/{session_id}/trajectory?schema=1"
                 doc = (await http.get(urls[2] + path, follow_redirects=True)).json()
                 assert len(doc["turns"]) == 1
             restarted.send_signal(signal.SIGTERM)

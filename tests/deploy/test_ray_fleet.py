@@ -85,7 +85,7 @@ async def test_two_actor_fleet_runs_20_sessions_and_shuts_down_cleanly(cluster: 
             for i, handle in enumerate(handles):
                 doc = await client.close(handle)
                 assert doc["status"] == "closed" and doc["metadata"] == {"i": i}
-                assert len(doc["turns"]) == 1
+                assert len(doc["segments"][0]["turns"]) == 1
     finally:
         await trio.to_thread.run_sync(fleet.shutdown)
     # Every actor process (and its validation processes) is gone.

@@ -480,7 +480,7 @@ def check_episode(framework: str, calls: list[ModelCall], doc: dict[str, Any]) -
     as its usage says, decoding to its text); the mask-1 tokens of all
     segments add up to the calls' completion tokens.
     """
-    assert doc["schema_version"] == 2, doc["schema_version"]
+    assert doc["schema_version"] == 3, doc["schema_version"]
     ok = [c for c in calls if c.status == 200]
     replaced = [prev for prev, nxt in itertools.pairwise(ok) if nxt.retries(prev)]
     kept = [c for c in ok if not any(c is r for r in replaced)]

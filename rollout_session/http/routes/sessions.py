@@ -18,7 +18,7 @@ from quart_trio import QuartTrio
 
 from ...engines.kv_sessions import PRIORITY_RANGE, is_priority
 from ...errors import InvalidRequest, JournalUnavailable
-from ...export.document import VIEWS, ExportStatus, parse_include, serialize, view_document
+from ...export.document import ExportQuery, ExportStatus, parse_query, serialize, view_document
 from ...session.session import Session, SessionState
 from ...turn.request import parse_json_object
 from ..auth import SessionKeys
@@ -88,14 +88,6 @@ _STATUS: dict[SessionState, ExportStatus] = {
 }
 
 
-def _view_args(args: Any) -> tuple[str, frozenset[str]]:
-    """``?format=`` (document, sample, steps) and ``?include=`` of an export."""
-    view = args.get("format", "document")
-    if view not in VIEWS:
-        raise InvalidRequest(f"format must be one of {', '.join(VIEWS)}", param="format")
-    return view, parse_include(args.get("include"))
-
-
 def _page_args(args: Any) -> tuple[SessionState | None, int, str | None]:
     state_name = args.get("state")
     try:
@@ -118,10 +110,15 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     def session_key(session_id: str) -> str | None:
         return None if session_keys is None else session_keys.key(session_id)
 
-    async def document(
-        session: Session, status: ExportStatus, view: str, include: frozenset[str]
-    ) -> Response:
-        doc = view_document(session, view, status, include, ctx.ready_tokenizer.decode_pieces)
+    async def document(session: Session, status: ExportStatus, query: ExportQuery) -> Response:
+        doc = view_document(
+            session,
+            query.view,
+            status,
+            query.include,
+            ctx.ready_tokenizer.decode_pieces,
+            schema=query.schema,
+        )
         num_tokens = sum(len(s.trajectory) for s in session.segments())
         return await document_response(ctx, doc, num_tokens)
 
@@ -188,17 +185,17 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
 
     @app.get("/sessions/<session_id>/trajectory")
     async def get_trajectory(session_id: str) -> Response:
-        view, include = _view_args(request.args)
+        query = parse_query(request.args)
         session = registry.get(session_id)
-        return await document(session, _STATUS.get(session.state, "open"), view, include)
+        return await document(session, _STATUS.get(session.state, "open"), query)
 
     @app.delete("/sessions/<session_id>")
     async def close_session(session_id: str) -> Response:
-        view, include = _view_args(request.args)
+        query = parse_query(request.args)
         # Runs to the end even if this request is cancelled; only the answer
         # is lost, and a repeated DELETE gets the same document.
         session = await store.close(session_id)
-        return await document(session, "closed", view, include)
+        return await document(session, "closed", query)
 
     async def models() -> Response:
         # At once once a worker passed admission (the card is kept after);

@@ -84,7 +84,7 @@ async def _run(
         else:
             episode = await _episode(agent, tools=None, cut_at=1)
         await agent.close()
-        doc = (await trainer.get(f"/sessions/{sid}/trajectory")).json()
+        doc = (await trainer.get(f"/sessions/{sid}/trajectory", params={"schema": 1})).json()
     return doc, [t.answer for t in episode.turns]
 
 

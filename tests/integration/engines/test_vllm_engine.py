@@ -34,8 +34,9 @@ USER = [{"role": "user", "content": "hello"}]
 async def _episode(stack: Stack, turns: int = 4) -> tuple[dict[str, Any], list[Any]]:
     session_id = await stack.create()
     _, answers = await run_tool_episode(stack, session_id, turns=turns)
-    doc = await stack.trajectory(session_id)
-    check_document(doc)
+    doc = await stack.trajectory(session_id, schema=3)
+    (segment,) = doc["segments"]
+    check_document(segment)
     return doc, answers
 
 
@@ -85,14 +86,15 @@ async def test_a_tool_episode_on_vllm_equals_sglang_chat(
     doc, answers = await _episode(vllm)
     assert any(a["choices"][0]["message"].get("tool_calls") for a in answers)
     assert _without_call_ids(comparable(doc)) == _without_call_ids(comparable(reference))
+    (segment,) = doc["segments"]
     if experts:
-        assert doc["routed_experts"]["shape"][0] > 0
+        assert segment["routed_experts"]["shape"][0] > 0
     assert _agent_view(answers) == _agent_view(reference_answers)
     for answer in answers:
         for call in answer["choices"][0]["message"].get("tool_calls") or []:
             assert call["id"].startswith("chatcmpl-tool-"), call  # vLLM's own ids
     # vLLM names the weights "default" until the trainer sets a version.
-    assert {t["weight_version"] for t in doc["turns"]} == {"default"}
+    assert {t["weight_version"] for t in segment["turns"]} == {"default"}
 
 
 async def test_turns_carry_the_session_for_a_router_and_the_chat_routes_parameters(

@@ -490,7 +490,7 @@ async def test_delete_while_the_turn_waits_to_continue(make_stack: StackFactory)
         await until(lambda: in_flight_midway(stack.emulator, 10))
         await stack.client.post("/admin/pause", json={"mode": "abort"})
         await until(lambda: stack.ctx.pause.waiting == 1)
-        closed = await stack.client.delete(f"/sessions/{sid}")
+        closed = await stack.client.delete(f"/sessions/{sid}", params={"schema": 1})
         assert closed.status_code == 200 and closed.json()["turns"] == []
     assert answers[0].status_code == 404
     assert answers[0].json()["error"]["code"] == "session_closing"
@@ -608,7 +608,7 @@ async def test_every_family_continues_a_tool_call_cut_in_half(
                 want["choices"][0]["message"]
             )
             docs = [
-                (await client.get(f"/sessions/{sid}/trajectory")).json()
+                (await client.get(f"/sessions/{sid}/trajectory", params={"schema": 1})).json()
                 for sid in ("reference", "interrupted")
             ]
             assert turn_ids(docs[1]) == turn_ids(docs[0])
@@ -673,7 +673,7 @@ async def test_a_restart_while_a_turn_waits_commits_no_partial_answer(
     restarted = create_app(settings, tokenizer=chat_tokenizers["chatml"])
     server = await start_server(nursery, restarted)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-        doc = (await client.get("/sessions/waiting/trajectory")).json()
+        doc = (await client.get("/sessions/waiting/trajectory", params={"schema": 1})).json()
     assert doc["turns"] == [] and doc["token_ids"] == []
     await server.aclose()
 

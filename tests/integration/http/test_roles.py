@@ -242,5 +242,5 @@ async def test_session_client_hands_the_agent_its_session_key(
         assert handle.api_key is not None and handle.api_key != KEY
         assert await trio.to_thread.run_sync(agent_turn, handle.base_url, handle.api_key)
         doc = await client.close(handle.session_id)
-    assert len(doc["turns"]) == 1
+    assert len(doc["segments"][0]["turns"]) == 1
     assert transport is None or transport.lost == 1

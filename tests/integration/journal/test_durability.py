@@ -47,6 +47,10 @@ def request_for(turn: int, answers: list[dict[str, Any]]) -> dict[str, Any]:
     return {"messages": messages, "tools": TOOLS, "seed": turn}
 
 
+# The document as v1 had it: the (one) segment's fields at the top level.
+V1 = {"schema": 1}
+
+
 def committed(doc: dict[str, Any]) -> tuple[bytes, bytes, bytes]:
     return (
         np.asarray(doc["token_ids"], np.int32).tobytes(),
@@ -187,11 +191,11 @@ async def test_server_restart_with_journal_continues(
     restored = servers[-1][1].registry.get("episode")
     assert restored is not before
     async with httpx.AsyncClient(timeout=30) as client:
-        doc = (await client.get(f"{url}/sessions/episode/trajectory")).json()
+        doc = (await client.get(f"{url}/sessions/episode/trajectory", params=V1)).json()
     assert prefix(doc, FAULT_AT) == prefix(expected, FAULT_AT)
     await scripted(lambda: url, "episode", range(FAULT_AT, TURNS), answers)
     async with httpx.AsyncClient(timeout=30) as client:
-        final = (await client.get(f"{url}/sessions/episode/trajectory")).json()
+        final = (await client.get(f"{url}/sessions/episode/trajectory", params=V1)).json()
     assert committed(final) == committed(expected)
     await servers[-1][0].aclose()
 
@@ -246,7 +250,7 @@ async def test_kill_9_mid_run_loses_no_committed_turn(
     url, process = await serve_process(nursery, worker.url, tmp_path)
     async with httpx.AsyncClient(timeout=30) as client:
         for session_id, answers in acknowledged.items():
-            doc = (await client.get(f"{url}/sessions/{session_id}/trajectory")).json()
+            doc = (await client.get(f"{url}/sessions/{session_id}/trajectory", params=V1)).json()
             check_document(doc)
             # Every answered turn is there (a turn the agent never heard of may be too).
             assert len(doc["turns"]) >= len(answers)
@@ -288,7 +292,7 @@ async def test_sigterm_lets_the_inflight_turn_finish(
     # The turn was journaled before it was answered.
     url, process = await serve_process(nursery, worker.url, tmp_path)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        doc = (await client.get(f"/sessions/{session_id}/trajectory")).json()
+        doc = (await client.get(f"/sessions/{session_id}/trajectory", params=V1)).json()
     assert len(doc["turns"]) == 1
     process.send_signal(signal.SIGTERM)
     with trio.fail_after(30):

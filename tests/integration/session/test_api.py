@@ -132,7 +132,7 @@ async def test_assistant_appended_by_agent_starts_a_segment_or_is_rejected(
             {"role": "assistant", "content": "I made this up"},
         ]
         response = await stack.chat(session_id, messages=messages)
-        doc = await stack.trajectory(session_id)
+        doc = await stack.trajectory(session_id, schema=3)
         if policy == "segment":
             assert response.status_code == 200, response.text
             assert doc["segments"][1]["branch"] == {

@@ -51,8 +51,9 @@ async def test_client_under_trio_shards_across_two_servers(make_stack: StackFact
         docs = await rollout(client, 12)
         per_server = {first.url: 0, second.url: 0}
         for session_id, doc in docs.items():
-            check_document(doc)
-            assert doc["status"] == "closed" and len(doc["turns"]) == 1
+            (segment,) = doc["segments"]
+            check_document(segment)
+            assert doc["status"] == "closed" and len(segment["turns"]) == 1
             per_server[client.server_for(session_id)] += 1
         # Each session lived (and was collected) on the server its id hashes to.
         assert first.emulator.received == per_server[first.url] > 0
@@ -60,6 +61,11 @@ async def test_client_under_trio_shards_across_two_servers(make_stack: StackFact
         # Collected, and readable again for --keep-collected-s.
         session_id, doc = next(iter(docs.items()))
         assert await client.trajectory(session_id) == doc
+        # v1's document: the (one) segment's fields at the top level.
+        v1 = await client.trajectory(session_id, schema=1)
+        (segment,) = doc["segments"]
+        assert v1["schema_version"] == 1 and "segments" not in v1
+        assert v1["token_ids"] == segment["token_ids"] and v1["turns"] == segment["turns"]
         with pytest.raises(SessionServerError) as info:
             await client.trajectory("never-created")
         assert info.value.code == "session_not_found"
@@ -109,9 +115,12 @@ async def populate(stack: Stack, n: int) -> None:
 
 async def test_bulk_export_round_trips_50_sessions(stack: Stack, tmp_path: Path) -> None:
     await populate(stack, 50)
-    originals = {s.id: await stack.trajectory(s.id) for s in stack.ctx.registry}
+    originals = {s.id: await stack.trajectory(s.id, schema=3) for s in stack.ctx.registry}
     jsonl, n_jsonl = await trio.to_thread.run_sync(
         lambda: bulk_export.export_sessions(stack.url, tmp_path / "j", progress=False)
+    )
+    v1_jsonl, _ = await trio.to_thread.run_sync(
+        lambda: bulk_export.export_sessions(stack.url, tmp_path / "v1", schema=1, progress=False)
     )
     parquet, n_parquet = await trio.to_thread.run_sync(
         lambda: bulk_export.export_sessions(
@@ -121,6 +130,12 @@ async def test_bulk_export_round_trips_50_sessions(stack: Stack, tmp_path: Path)
     assert n_jsonl == n_parquet == 50
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert {doc["session_id"]: doc for doc in lines} == originals
+    # --schema 1: v1's documents, the last segment's fields at the top level.
+    for line in v1_jsonl.read_text().splitlines():
+        v1 = json.loads(line)
+        last = originals[v1["session_id"]]["segments"][-1]
+        assert v1["schema_version"] == 1 and "segments" not in v1
+        assert (v1["token_ids"], v1["turns"]) == (last["token_ids"], last["turns"])
 
     # Parquet: one row per segment.
     frame = pd.read_parquet(parquet)
@@ -142,6 +157,7 @@ async def test_bulk_export_round_trips_50_sessions(stack: Stack, tmp_path: Path)
         branch = json.loads(row.branch) if isinstance(row.branch, str) else None
         assert branch == segment["branch"]
         assert row.prompt_length == segment["prompt_length"] and row.status == "open"
+        assert row.schema_version == 3
 
 
 async def test_bulk_export_close_collects(stack: Stack, tmp_path: Path) -> None:

@@ -13,6 +13,9 @@ from rollout_session.testing import EmulatorConfig
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.session.test_turns import check_document, echo, run_tool_episode
 
+# The document's fields about the session (every schema has them).
+SESSION_FIELDS = ("session_id", "status", "metadata", "created_at", "closed_at", "model")
+
 
 @pytest.mark.parametrize(
     ("include", "present"),
@@ -29,23 +32,49 @@ async def test_include_selects_optional_parts(
 ) -> None:
     session_id = await stack.create()
     await run_tool_episode(stack, session_id, turns=2)
-    params = {} if include is None else {"include": include}
-    doc = (await stack.client.get(f"/sessions/{session_id}/trajectory", params=params)).json()
-    assert {"turns", "messages", "routed_experts"} & set(doc) == present
-    assert doc["schema_version"] == 2 and len(doc["token_ids"]) == len(doc["logprobs"])
-    # One segment: the v1 top-level fields are that segment's.
-    (segment,) = doc["segments"]
-    assert segment == {"index": 0, "branch": None, **{k: doc[k] for k in segment if k in doc}}
-    assert {"turns", "messages", "routed_experts"} & set(segment) == present
-
-
-async def test_unknown_include_part_and_format_are_400(stack: Stack) -> None:
-    session_id = await stack.create()
     url = f"/sessions/{session_id}/trajectory"
-    for params in ({"include": "turns,secrets"}, {"format": "csv"}):
-        response = await stack.client.get(url, params=params)
+    params = {} if include is None else {"include": include}
+    doc = (await stack.client.get(url, params=params)).json()
+    # Schema 3: each segment once, nothing of it repeated at the top level.
+    assert doc["schema_version"] == 3
+    assert set(doc) == {*SESSION_FIELDS, "schema_version", "num_segments", "rollbacks", "segments"}
+    (segment,) = doc["segments"]
+    assert {"turns", "messages", "routed_experts"} & set(segment) == present
+    assert len(segment["token_ids"]) == len(segment["logprobs"])
+    # ?schema=1: v1's document, the last (here the only) segment's fields at
+    # the top level, with the same parts.
+    v1 = (await stack.client.get(url, params={**params, "schema": "1"})).json()
+    assert v1 == {
+        "schema_version": 1,
+        **{k: doc[k] for k in SESSION_FIELDS},
+        **{k: v for k, v in segment.items() if k not in ("index", "branch")},
+        "num_segments": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"include": "turns,secrets"}, "include"),
+        ({"format": "csv"}, "format"),
+        ({"schema": "2"}, "schema"),
+        ({"schema": "v1"}, "schema"),
+        ({"format": "sample", "schema": "1"}, "schema"),
+    ],
+    ids=["include", "format", "schema-2", "schema-name", "schema-of-a-view"],
+)
+async def test_unknown_export_parameters_are_400_and_collect_nothing(
+    stack: Stack, params: dict[str, str], param: str
+) -> None:
+    session_id = await stack.create()
+    for method, path in (("GET", "/trajectory"), ("DELETE", "")):
+        response = await stack.client.request(
+            method, f"/sessions/{session_id}{path}", params=params
+        )
         assert response.status_code == 400
-        assert response.json()["error"]["code"] == "invalid_request"
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == ("invalid_request", param)
+    assert (await stack.client.get(f"/sessions/{session_id}")).json()["state"] == "open"
 
 
 def expected_sample(doc: dict[str, Any], status: str) -> dict[str, Any]:
@@ -183,9 +212,12 @@ async def test_pieces_decode_each_token_with_special_tokens_visible(stack: Stack
     await run_tool_episode(stack, session_id, turns=2)
     url = f"/sessions/{session_id}/trajectory"
     doc = (await stack.client.get(url, params={"include": "pieces,turns"})).json()
-    assert len(doc["pieces"]) == len(doc["token_ids"])
-    assert doc["pieces"][0] == "<|im_start|>" and "<tool_call>" in doc["pieces"]
-    assert "pieces" not in (await stack.client.get(url)).json()  # not in the default
-    # The collection takes the same parts as a read.
-    closed = await stack.client.delete(f"/sessions/{session_id}", params={"include": "pieces"})
-    assert closed.json()["pieces"] == doc["pieces"]
+    (segment,) = doc["segments"]
+    assert len(segment["pieces"]) == len(segment["token_ids"])
+    assert segment["pieces"][0] == "<|im_start|>" and "<tool_call>" in segment["pieces"]
+    assert "pieces" not in (await stack.client.get(url)).json()["segments"][0]  # not by default
+    # The collection takes the same parameters as a read.
+    closed = await stack.client.delete(
+        f"/sessions/{session_id}", params={"include": "pieces", "schema": "1"}
+    )
+    assert closed.json()["pieces"] == segment["pieces"]

@@ -278,7 +278,7 @@ async def test_family_episodes_are_exact(
                 episode = await _episode(agent, tools=None, cut_at=1)
                 assert len(episode.turns[1].sampled) == 3
             await agent.close()
-            doc = (await trainer.get(f"/sessions/{sid}/trajectory")).json()
+            doc = (await trainer.get(f"/sessions/{sid}/trajectory", params={"schema": 1})).json()
             check_document(doc)
             # Reasoning answers are exact where the check's reasoning case is.
             any_reasoning = any(t.answer.get("reasoning_content") for t in episode.turns)
