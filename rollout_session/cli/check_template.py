@@ -17,7 +17,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``check-template`` flags to `parser`."""
     defaults = Settings(demo=True)
     parser.add_argument("--tokenizer", required=True, help="HF tokenizer (model) directory")
-    parser.add_argument("--chat-template", help="template file, or built-in: chatml, qwen3")
+    parser.add_argument(
+        "--chat-template",
+        help="template file, built-in (chatml, qwen3), or the name of one of the tokenizer's "
+        "templates (tool_use); default: the tokenizer's own, each named one checked",
+    )
     parser.add_argument("--chat-template-kwargs", type=_json_object, default={}, help="JSON object")
     parser.add_argument(
         "--append-roles",
@@ -29,17 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the conformance report; 0 if `serve` would start, else 1."""
-    from ..prompt.check import check_template, format_report, startup_problems
+    from ..prompt.check import check_template, format_report, startup_refusal
     from ..prompt.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer, args.chat_template)
     results = check_template(tokenizer, args.chat_template_kwargs)
     print(format_report(results))
-    problems = startup_problems(results, args.append_roles)
-    if problems:
-        print("\nserve would refuse to start with this template:")
-        for problem in problems:
-            print(f"  - {problem}")
+    refusal = startup_refusal(results, args.append_roles)
+    if refusal is not None:
+        # The same message `serve` refuses with: its first line names the fix.
+        print(f"\nserve would refuse to start: {refusal}")
         return 1
     print("\nserve would start with this template.")
     return 0

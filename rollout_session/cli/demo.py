@@ -101,7 +101,14 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
     from ..prompt.tokenizer import read_chat_template
 
     tokenizer = settings.tokenizer or str(bundled_tokenizer_path())
-    template = read_chat_template(settings.chat_template) if settings.chat_template else None
+    try:
+        template = read_chat_template(settings.chat_template) if settings.chat_template else None
+    except OSError as exc:
+        # The emulator workers render one template they read as text.
+        raise SystemExit(
+            f"serve --demo takes --chat-template as a file or a built-in (chatml, qwen3), "
+            f"not a named template of the tokenizer: {exc}"
+        ) from None
     settings = demo_parsers(settings, template or _tokenizer_template(tokenizer))
     urls = list(settings.workers)
     vllm = settings.engine == "vllm"

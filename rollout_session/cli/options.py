@@ -57,7 +57,12 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--host", "host", str, "bind address"),
     ("--port", "port", int, "bind port (0 = any free port)"),
     ("--tokenizer", "tokenizer", str, "HF tokenizer dir (default: ask the first worker)"),
-    ("--chat-template", "chat_template", str, "template file, or built-in: chatml, qwen3"),
+    (
+        "--chat-template",
+        "chat_template",
+        str,
+        "one of the tokenizer's named templates, a template file, or built-in: chatml, qwen3",
+    ),
     ("--chat-template-kwargs", "chat_template_kwargs", _json_object, "JSON object"),
     ("--append-roles", "append_roles", _csv, "roles an agent may append, comma-separated"),
     (

@@ -30,7 +30,7 @@ from ..engines.sglang_generate.request import GenerateOptions, model_options
 from ..engines.vllm import VllmEngine, VllmOptions
 from ..engines.vllm import model_options as vllm_model_options
 from ..errors import NoHealthyWorker, UpstreamError
-from ..prompt.check import Outcome, check_template, in_place_roles, startup_problems
+from ..prompt.check import Outcome, check_template, in_place_roles, reachable, startup_refusal
 from ..prompt.tokenizer import ChatTokenizer, load_tokenizer
 from ..session.expiry import Expiry
 from ..session.session import SessionRegistry
@@ -248,23 +248,24 @@ async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> froze
     results = await trio.to_thread.run_sync(
         check_template, tokenizer, settings.chat_template_kwargs
     )
+    roles = settings.append_roles | in_place_roles(results)
     for result in results:
         if result.outcome is not Outcome.EXACT:
-            # A case agents cannot send (its role is not appendable) is detail.
-            reachable = result.role is None or result.role in settings.append_roles
+            # A case agents cannot send (its roles are not appendable) is detail.
             logger.log(
-                logging.INFO if reachable else logging.DEBUG,
-                "chat template, %s: %s: %s",
+                logging.INFO if reachable(result, roles) else logging.DEBUG,
+                "chat template%s, %s: %s: %s",
+                "" if result.template is None else f" {result.template!r}",
                 result.name,
                 result.outcome.value,
                 result.detail,
             )
-    problems = startup_problems(results, settings.append_roles)
-    if problems:
+    refusal = startup_refusal(results, settings.append_roles)
+    if refusal is not None:
+        # Its first line names the fix: the --append-roles that would start,
+        # else --chat-template FILE.
         raise RuntimeError(
-            "the chat template cannot be extended token-in/token-out exactly:\n  - "
-            + "\n  - ".join(problems)
-            + "\n(`rollout-session check-template` prints the whole report; "
+            refusal + "\n(`rollout-session check-template` prints the whole report; "
             "docs/templates.md says what to do)"
         )
     return in_place_roles(results)

@@ -27,16 +27,26 @@ difference inside P itself is the template rendering the appended messages
 differently after the real history (it moved something into them): reported
 as ``rewrites``, since the server rendered them with the template.
 
-The server runs this at start-up (`startup_problems`) and refuses to start
+With several named templates (a tokenizer's ``default`` and ``tool_use``),
+each is checked on the requests it serves: ``default`` on the cases without
+tools, ``tool_use`` on every case with tools (the plain ones given the
+weather tool). A template that renders only with tools has its cases without
+tools ``unsupported`` (the request is refused, 400), which is no reason not
+to start.
+
+The server runs this at start-up (`startup_refusal`) and refuses to start
 on ``corrupt``, or on a case its settings allow that the server itself
-cannot extend; ``rollout-session check-template`` prints the same report.
+cannot extend; the refusal's first line names the fix (the
+``--append-roles`` that would start, else ``--chat-template FILE``).
+``rollout-session check-template`` prints the same report.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from ..errors import InvalidRequest, RolloutSessionError, TemplateCannotExtend
@@ -53,8 +63,11 @@ __all__ = [
     "format_report",
     "in_place_roles",
     "junction_problem",
+    "reachable",
+    "role_fix",
     "run_case",
     "startup_problems",
+    "startup_refusal",
 ]
 
 
@@ -63,6 +76,10 @@ class Outcome(enum.Enum):
     REWRITES = "rewrites history"
     UNSUPPORTED = "unsupported"
     CORRUPT = "corrupt"
+
+
+# Which of two outcomes of a case's turns the case reports.
+_RANK: Final = {Outcome.EXACT: 0, Outcome.REWRITES: 1, Outcome.CORRUPT: 2}
 
 
 @dataclass(frozen=True)
@@ -87,7 +104,15 @@ class CaseResult:
     name: str
     outcome: Outcome
     detail: str = ""
-    role: str | None = None  # the append role the case needs (None: always reachable)
+    role: str | None = None  # the extra append role the case is about (system, developer)
+    # The roles appended at each turn the outcome showed at: the server meets
+    # it only where all of one set may be appended in place (the first
+    # turn's is empty: always met).
+    at: tuple[frozenset[str], ...] = ()
+    # The role of an appended message the template drops or moves, when that
+    # is the outcome (appending it is what to stop).
+    dropped: str | None = None
+    template: str | None = None  # the named template the case ran with
 
 
 _WEATHER: Final = {
@@ -286,10 +311,14 @@ def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseR
     spans: list[tuple[int, int, str]] = []  # (start, end, what) of the server's ids
     stopped = True
     worst = Outcome.EXACT
+    at: list[frozenset[str]] = []  # the appended roles of the turns `worst` showed at
     notes: list[str] = []
+    roles: frozenset[str] = frozenset()
     try:
         for index, turn in enumerate([*case.turns, None]):
             new = list(turn.new) if turn is not None else list(case.final)
+            # A turn's own messages reach a junction only once an answer precedes them.
+            roles = frozenset(str(m["role"]) for m in new) if index else frozenset()
             junction = Junction((), 0)
             if index == 0:
                 prompt = tok.first_turn(new, tools=case.tools, kwargs=kwargs)
@@ -310,8 +339,10 @@ def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseR
                     outcome, why = problem
                     if why not in notes:
                         notes.append(why)
-                    if outcome is Outcome.CORRUPT or worst is Outcome.EXACT:
-                        worst = outcome
+                    if _RANK[outcome] > _RANK[worst]:
+                        worst, at = outcome, []
+                    if outcome is worst and roles not in at:
+                        at.append(roles)
             if turn is None:
                 break
             sampled = answer_ids(tok, messages, turn.answer, tools=case.tools, kwargs=kwargs)
@@ -322,32 +353,114 @@ def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseR
             spans.append((len(server), len(ids), f"the answer of turn {index + 1}"))
             messages.append(turn.answer)
     except TemplateCannotExtend as exc:
-        return CaseResult(case.name, Outcome.UNSUPPORTED, f"server: {exc.message}", case.role)
+        # The message the template drops or moves: the role to stop appending.
+        lost = tok.unrendered(messages[-1], new, tools=case.tools, kwargs=kwargs)
+        dropped = None if lost is None else str(new[lost]["role"])
+        return CaseResult(
+            case.name, Outcome.UNSUPPORTED, f"server: {exc.message}", case.role, (roles,), dropped
+        )
     except InvalidRequest as exc:
-        return CaseResult(case.name, Outcome.UNSUPPORTED, f"template: {exc.message}", case.role)
+        return CaseResult(
+            case.name, Outcome.UNSUPPORTED, f"template: {exc.message}", case.role, (roles,)
+        )
     except RolloutSessionError as exc:
-        return CaseResult(case.name, Outcome.CORRUPT, f"server: {exc.message}", case.role)
+        return CaseResult(case.name, Outcome.CORRUPT, f"server: {exc.message}", case.role, (roles,))
     except ValueError as exc:
-        return CaseResult(case.name, Outcome.UNSUPPORTED, f"model output: {exc}", case.role)
-    return CaseResult(case.name, worst, "; ".join(notes), case.role)
+        return CaseResult(
+            case.name, Outcome.UNSUPPORTED, f"model output: {exc}", case.role, (roles,)
+        )
+    return CaseResult(case.name, worst, "; ".join(notes), case.role, tuple(at))
 
 
 def check_template(tok: ChatTokenizer, kwargs: Mapping[str, Any]) -> list[CaseResult]:
-    return [run_case(tok, case, kwargs) for case in canonical_cases(tok)]
+    """Every canonical case through each template the server would render
+    it with (see the module docstring)."""
+    cases = canonical_cases(tok)
+    if len(tok.templates) == 1:
+        name = tok.templates[0].name
+        return [replace(run_case(tok, case, kwargs), template=name) for case in cases]
+    plain, tooled = tok.templates
+    results = [
+        replace(run_case(tok, case, kwargs), template=plain.name)
+        for case in cases
+        if not case.tools
+    ]
+    # The tool template serves every request with tools, plain answers too.
+    weather = [_WEATHER]
+    return results + [
+        replace(run_case(tok, replace(case, tools=case.tools or weather), kwargs),
+                template=tooled.name)
+        for case in cases
+    ]  # fmt: skip
+
+
+def reachable(result: CaseResult, roles: Collection[str]) -> bool:
+    """Whether a server appending `roles` in place meets the case's outcome."""
+    return any(need <= frozenset(roles) for need in result.at)
+
+
+def _label(result: CaseResult) -> str:
+    if result.template is None:
+        return result.name
+    return f"{result.name} (template {result.template!r})"
 
 
 def startup_problems(results: Sequence[CaseResult], append_roles: Collection[str]) -> list[str]:
-    """Why the server must not start with this template and these settings."""
+    """Why the server must not start with this template and these settings:
+    a corrupt junction, or one the server cannot take, that agents can reach
+    (its appended roles are in `append_roles`, or the template renders them
+    in place exactly: `in_place_roles`)."""
+    roles = frozenset(append_roles) | in_place_roles(results)
     problems = []
     for r in results:
-        if r.role is not None and r.role not in append_roles:
-            continue  # agents cannot send this case
+        if not reachable(r, roles):
+            continue  # agents cannot send this case's junction
         if r.outcome is Outcome.CORRUPT:
-            problems.append(f"{r.name}: {r.detail}")
+            problems.append(f"{_label(r)}: {r.detail}")
         elif r.outcome is Outcome.UNSUPPORTED and r.detail.startswith("server:"):
-            fix = f" (drop {r.role} from --append-roles)" if r.role else ""
-            problems.append(f"{r.name}: {r.detail}{fix}")
+            fix = f" (drop {r.dropped} from --append-roles)" if r.dropped else ""
+            problems.append(f"{_label(r)}: {r.detail}{fix}")
     return problems
+
+
+def role_fix(results: Sequence[CaseResult], append_roles: Collection[str]) -> frozenset[str] | None:
+    """The largest set of `append_roles` with which the server would start
+    (keeping ``user`` where it can), or None when no set would."""
+    names = sorted(append_roles)
+    subsets = [
+        frozenset(subset)
+        for size in range(len(names) - 1, 0, -1)
+        for subset in itertools.combinations(names, size)
+    ]
+    subsets.sort(key=lambda s: (-len(s), "user" not in s, sorted(s)))
+    return next((s for s in subsets if not startup_problems(results, s)), None)
+
+
+def startup_refusal(results: Sequence[CaseResult], append_roles: Collection[str]) -> str | None:
+    """Why the server would refuse to start, its first line naming the fix
+    (None: it starts)."""
+    problems = startup_problems(results, append_roles)
+    if not problems:
+        return None
+    roles = role_fix(results, append_roles)
+    if roles is not None:
+        dropped = " or ".join(sorted(frozenset(append_roles) - roles))
+        fix = (
+            f"start with --append-roles {','.join(sorted(roles))} (an appended {dropped} "
+            "message then starts a new segment), or serve another template with "
+            "--chat-template FILE"
+        )
+    else:
+        fix = (
+            "serve a template the server can extend with --chat-template FILE "
+            "(`rollout-session check-template --tokenizer DIR --chat-template FILE` checks one)"
+        )
+    return (
+        "the chat template cannot be extended token-in/token-out exactly; "
+        + fix
+        + ":\n  - "
+        + "\n  - ".join(problems)
+    )
 
 
 def in_place_roles(results: Sequence[CaseResult]) -> frozenset[str]:
@@ -360,11 +473,25 @@ def in_place_roles(results: Sequence[CaseResult]) -> frozenset[str]:
 
 
 def format_report(results: Sequence[CaseResult]) -> str:
+    """One line per case; under a heading per template when they are named."""
     width = max(len(r.name) for r in results)
+    names = list(dict.fromkeys(r.template for r in results))
+    scopes = (
+        {names[0]: "every request"}
+        if len(names) == 1
+        else {names[0]: "requests without tools", names[1]: "requests with tools"}
+    )
     lines = []
-    for r in results:
-        line = f"{r.name:<{width}}  {r.outcome.value}"
-        if r.detail:
-            line += f": {r.detail}"
-        lines.append(line)
+    for name in names:
+        indent = ""
+        if name is not None:
+            lines.append(f"chat template {name!r} ({scopes[name]}):")
+            indent = "  "
+        for r in results:
+            if r.template != name:
+                continue
+            line = f"{indent}{r.name:<{width}}  {r.outcome.value}"
+            if r.detail:
+                line += f": {r.detail}"
+            lines.append(line)
     return "\n".join(lines)

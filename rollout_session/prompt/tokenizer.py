@@ -6,15 +6,26 @@ are rendered after a fixed synthetic context — a user message, then an
 assistant message whose content is a sentinel and whose tool calls are the
 previous answer's (a template may render tool results from them: harmony
 names the function, DeepSeek groups outputs) — and only the text after the
-sentinel is tokenised. So the cost is O(new tokens), and templates that
-rewrite history (Qwen3 strips earlier ``<think>`` blocks) cannot change stored
-ids. How that text joins the sampled ids is `prompt.junction`.
+previous answer is tokenised (the *tail*). So the cost is O(new tokens), and
+templates that rewrite history (Qwen3 strips earlier ``<think>`` blocks)
+cannot change stored ids. How the tail joins the sampled ids is
+`prompt.junction`.
 
 Rendering the same context as the *last* turn (no new messages) gives what
 the template makes of the assistant turn itself: the rendering of its tool
 calls (which the sampled ids stand for) and the last-turn terminator. That
-render depends only on the tools, kwargs and the previous answer's tool
-calls, so it is kept per distinct triple (a bounded cache per tokenizer).
+render depends only on the template, the tools, kwargs and the previous
+answer's tool calls, so it is kept per distinct triple (a bounded cache per
+tokenizer). Where history renders the calls differently from the last turn,
+the tail is located by rendering the calls with other argument values: what
+stays the same after them is the tail (`ChatTokenizer._varied_tail`).
+
+A tokenizer may carry several named templates (transformers' list form of
+``chat_template``): like transformers and vLLM, a request with tools is
+rendered with ``tool_use`` when there is one, any other with ``default``
+(`ChatTokenizer.template_for`). Tools are fixed for a segment (other tools
+start a new one), so a segment never mixes templates. ``--chat-template``
+(a file, a built-in or one of the names) serves one template for all.
 
 Messages reach the template as SGLang and vLLM hand them over
 (`prompt.template_input`). A template's own ``raise_exception`` is the
@@ -34,11 +45,18 @@ import jinja2
 import orjson
 
 from ..errors import InvalidRequest, InvariantViolated, TemplateCannotExtend
+from .bounded import encode_within
 from .junction import Junction, terminator_length
 from .messages import Message
 from .template_input import ArgumentStyle, probe_argument_style, template_messages
 
-__all__ = ["ChatTokenizer", "generation_stop_ids", "load_tokenizer", "read_chat_template"]
+__all__ = [
+    "ChatTokenizer",
+    "Template",
+    "generation_stop_ids",
+    "load_tokenizer",
+    "read_chat_template",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +66,53 @@ _NO_SPLIT: Final = (
     "chat template renders neither the content of the previous assistant message "
     "nor its output after the generation prompt; it cannot be extended token-in/token-out"
 )
+_NO_TAIL: Final = (
+    "chat template renders the previous answer's tool calls differently when messages "
+    "follow, and what follows them cannot be told apart from them; it cannot be "
+    "extended token-in/token-out"
+)
+# What a varied copy of the previous answer's calls carries in place of each
+# argument value (`_varied_calls`): text no real argument ends with.
+_VARIED: Final = "\u2063rollout-session:varied\u2063"
 # Distinct (tools, kwargs, previous tool calls) whose last-turn rendering is
 # kept; a server sees a handful of tool sets, the bound only stops a hostile mix.
 _SHAPE_CACHE_SIZE: Final = 256
+# The names transformers' `get_chat_template` picks among a tokenizer's templates.
+_DEFAULT: Final = "default"
+_TOOL_USE: Final = "tool_use"
+# A tool any template can render: the start-up probes give it to templates
+# that render only with tools (``{% for tool in tools %}`` on None raises).
+_PROBE_TOOLS: Final = (
+    {
+        "type": "function",
+        "function": {
+            "name": "probe",
+            "description": "probe",
+            "parameters": {
+                "type": "object",
+                "properties": {"probe": {"type": "integer", "description": "probe"}},
+                "required": ["probe"],
+            },
+        },
+    },
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """One chat template the server renders with."""
+
+    name: str | None  # its name in the tokenizer's list (None: the only one)
+    text: str
+    arguments: ArgumentStyle  # how it wants tool-call arguments (probed)
+    # It renders only when tools are given (Hermes' ``tool_use`` iterates
+    # ``tools`` unguarded): a request without tools is refused (400).
+    needs_tools: bool
+
+    @property
+    def label(self) -> str:
+        """How messages name it."""
+        return "the chat template" if self.name is None else f"chat template {self.name!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +137,48 @@ def _rendered(message: Message, text: str) -> bool:
     return content in text or json.dumps(content, ensure_ascii=False)[1:-1] in text
 
 
+def _unrendered(messages: Sequence[Message], text: str) -> int | None:
+    """The index of the first of `messages` whose content `text` lacks."""
+    return next((i for i, m in enumerate(messages) if not _rendered(m, text)), None)
+
+
+def _common_suffix(a: str, b: str) -> int:
+    """How many trailing characters `a` and `b` share."""
+    n = 0
+    for x, y in zip(reversed(a), reversed(b), strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _varied_calls(calls: Any) -> list[dict[str, Any]] | None:
+    """`calls` with every argument value replaced (names, ids and keys kept,
+    so tool results render the same), or None when no call has an argument
+    to vary (nothing would tell the calls from what follows them)."""
+    if not isinstance(calls, list):
+        return None
+    varied = []
+    changed = False
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("arguments"), dict):
+            return None
+        arguments: dict[str, Any] = function["arguments"]
+        changed = changed or bool(arguments)
+        varied.append(
+            {**call, "function": {**function, "arguments": dict.fromkeys(arguments, _VARIED)}}
+        )
+    return varied if changed else None
+
+
 # Texts at least this long are tokenised without holding the GIL (`encode`);
 # shorter ones take the call with less overhead.
 _GIL_FREE_CHARS = 16 * 1024
 
 
 class ChatTokenizer:
-    """An HF tokenizer plus the chat template the server renders with."""
+    """An HF tokenizer plus the chat template(s) the server renders with."""
 
     def __init__(
         self,
@@ -89,21 +186,16 @@ class ChatTokenizer:
         chat_template: str | None = None,
         *,
         stop_ids: Sequence[int] | None = None,
+        name: str | None = None,
     ) -> None:
+        """`chat_template`: the one template to serve (`name`: its name among
+        the tokenizer's, if it is one); None serves the tokenizer's own, one
+        template or several named ones."""
         self._tok = hf_tokenizer
         self._backend = hf_tokenizer.backend_tokenizer
-        self.chat_template: str | None = chat_template or getattr(
-            hf_tokenizer, "chat_template", None
-        )
-        if not self.chat_template:
-            raise ValueError("the tokenizer has no chat template; pass --chat-template")
         vocab: dict[str, int] = hf_tokenizer.get_vocab()
         # Ids are valid in 0 ≤ id < vocab_size, added tokens included.
         self.vocab_size: int = max(vocab.values()) + 1
-        # No token covers more text than this many bytes (its UTF-8 length
-        # over-counts byte-level and SentencePiece pieces): bounds a prompt's
-        # tokens from below without rendering it (turn/limits.py).
-        self.max_token_bytes: int = max(len(token.encode("utf-8")) for token in vocab)
         self.name_or_path: str = str(getattr(hf_tokenizer, "name_or_path", ""))
         self.special_ids: frozenset[int] = frozenset(
             int(i) for i, tok in hf_tokenizer.added_tokens_decoder.items() if tok.special
@@ -114,11 +206,77 @@ class ChatTokenizer:
         self.stop_ids: frozenset[int] = frozenset(
             stop_ids if stop_ids is not None else ([] if eos is None else [eos])
         )
-        self.arguments: ArgumentStyle = probe_argument_style(
-            lambda messages: self._apply(messages, tools=None, kwargs={}, generation=False)
+        plain, tooled = self._choose(chat_template, name)
+        self._plain: Template = self._probe(*plain)
+        self._tooled: Template = (
+            self._plain if tooled is None or tooled == plain else self._probe(*tooled)
         )
+        # The template of requests without tools (the only one, or `default`).
+        self.chat_template: str = self._plain.text
         # orjson of (tools, kwargs, tool calls) -> the context rendered as last turn.
         self._shapes: dict[bytes, _Shape] = {}
+
+    def _choose(
+        self, chat_template: str | None, name: str | None
+    ) -> tuple[tuple[str | None, str], tuple[str | None, str] | None]:
+        """((name, text) without tools, (name, text) with tools or None: the same)."""
+        if chat_template:
+            return (name, chat_template), None
+        own = getattr(self._tok, "chat_template", None)
+        if isinstance(own, Mapping) and own:
+            # transformers' `get_chat_template`: `tool_use` when tools are
+            # given and the tokenizer has one, else `default`.
+            if _DEFAULT not in own:
+                raise ValueError(
+                    f"the tokenizer has several chat templates ({', '.join(sorted(own))}) "
+                    f"and none is named {_DEFAULT!r}; pass --chat-template NAME"
+                )
+            plain = (_DEFAULT, str(own[_DEFAULT]))
+            tooled = (_TOOL_USE, str(own[_TOOL_USE])) if _TOOL_USE in own else None
+            return plain, tooled
+        if isinstance(own, str) and own:
+            return (None, own), None
+        raise ValueError("the tokenizer has no chat template; pass --chat-template")
+
+    def _probe(self, name: str | None, text: str) -> Template:
+        """The template with what is probed of it once: whether it renders
+        without tools, and the tool-call argument style it accepts."""
+        probe = Template(name, text, ArgumentStyle.DICT, needs_tools=False)
+        needs_tools = not self._renders(probe, None) and self._renders(probe, list(_PROBE_TOOLS))
+        tools = list(_PROBE_TOOLS) if needs_tools else None
+        arguments = probe_argument_style(
+            lambda messages: self._apply(
+                messages, tools=tools, kwargs={}, generation=False, template=probe
+            )
+        )
+        return Template(name, text, arguments, needs_tools=needs_tools)
+
+    def _renders(self, template: Template, tools: list[Any] | None) -> bool:
+        """Whether `template` renders a user message with `tools`."""
+        try:
+            self._apply([dict(_USER)], tools=tools, kwargs={}, generation=True, template=template)
+        except Exception:  # the template's own failure is the probe's answer
+            return False
+        return True
+
+    @property
+    def templates(self) -> tuple[Template, ...]:
+        """The templates requests are rendered with: one, or the one without
+        tools then the one with tools."""
+        if self._tooled is self._plain:
+            return (self._plain,)
+        return (self._plain, self._tooled)
+
+    def template_for(self, tools: Sequence[Any] | None) -> Template:
+        """The template a request with `tools` is rendered with. As
+        transformers' `get_chat_template` and vLLM do per request, but on the
+        tools the template receives (none for an empty list)."""
+        return self._tooled if tools else self._plain
+
+    @property
+    def arguments(self) -> ArgumentStyle:
+        """The argument style of the template of requests without tools."""
+        return self._plain.arguments
 
     def encode(self, text: str) -> list[int]:
         if len(text) < _GIL_FREE_CHARS:
@@ -150,11 +308,14 @@ class ChatTokenizer:
         tools: list[Any] | None,
         kwargs: Mapping[str, Any],
         generation: bool,
+        template: Template,
     ) -> str:
         text = self._tok.apply_chat_template(
             messages,
             tools=tools or None,
-            chat_template=self.chat_template,
+            # The text, never a name: with several templates, transformers
+            # would pick by `tools`; the choice is `template_for`'s.
+            chat_template=template.text,
             tokenize=False,
             add_generation_prompt=generation,
             **kwargs,
@@ -171,12 +332,20 @@ class ChatTokenizer:
         kwargs: Mapping[str, Any],
         add_generation_prompt: bool,
     ) -> str:
+        template = self.template_for(tools)
+        if template.needs_tools and not tools:
+            raise InvalidRequest(
+                f"{template.label} renders only with tools: send `tools`, or serve "
+                "another template (--chat-template)",
+                param="tools",
+            )
         try:
             return self._apply(
-                template_messages(messages, self.arguments),
+                template_messages(messages, template.arguments),
                 tools=tools,
                 kwargs=kwargs,
                 generation=add_generation_prompt,
+                template=template,
             )
         except InvariantViolated:
             raise
@@ -193,10 +362,17 @@ class ChatTokenizer:
         ) from failure
 
     def first_turn(
-        self, messages: Sequence[Message], *, tools: list[Any] | None, kwargs: Mapping[str, Any]
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: list[Any] | None,
+        kwargs: Mapping[str, Any],
+        most: int | None = None,
     ) -> list[int]:
+        """The whole request's prompt ids; `PromptTooLong` past `most` tokens
+        (`prompt.bounded`: refused for about the cost of `most` tokens)."""
         text = self.render(messages, tools=tools, kwargs=kwargs, add_generation_prompt=True)
-        return self.encode(text)
+        return encode_within(self.encode, text, most)
 
     def _context(self, previous: Message) -> list[Message]:
         assistant: Message = {"role": "assistant", "content": _SENTINEL}
@@ -230,6 +406,21 @@ class ChatTokenizer:
             return text[len(prompt) :]
         raise InvariantViolated(_NO_SPLIT)
 
+    def _trailer(self, after: str, plain: _Shape) -> tuple[str, tuple[int, ...]] | None:
+        """The longest part of the plain last turn's ending, from a special
+        token on, that the tool-call turn `after` ends with too: what the
+        template writes after *any* last turn (Command-R7B's closing
+        ``<|END_OF_TURN_TOKEN|>`` and the generation prompt it always adds),
+        which is no part of the calls. None when there is none."""
+        ids = plain.last_terminator
+        for i in range(1, len(ids)):
+            if ids[i] not in self.special_ids:
+                continue
+            text = self.decode(ids[i:])
+            if plain.last_text.endswith(text) and after.endswith(text):
+                return text, ids[i:]
+        return None
+
     def _shape(self, calls: Any, tools: list[Any] | None, kwargs: Mapping[str, Any]) -> _Shape:
         try:
             # Order-preserving JSON: equal keys mean inputs the template cannot
@@ -248,15 +439,22 @@ class ChatTokenizer:
             shape = _Shape(prompt, "", after, tuple(self.encode(after)))
         else:
             # The tool calls' rendering ends where the plain turn's terminator
-            # begins; a template that ends a tool-call turn its own way
+            # begins (or what of it the template writes after any last turn:
+            # `_trailer`); a template that ends a tool-call turn its own way
             # (harmony's <|call|>, Llama's <|eom_id|>) ends it with a token the
             # model sampled, so all of it is the calls'.
             plain = self._shape(None, tools, kwargs)
             end = plain.last_text
-            if end and after.endswith(end):
-                shape = _Shape(prompt, after[: len(after) - len(end)], end, plain.last_terminator)
-            else:
+            trailer = (
+                (end, plain.last_terminator)
+                if end and after.endswith(end)
+                else self._trailer(after, plain)
+            )
+            if trailer is None:
                 shape = _Shape(prompt, after, "", ())
+            else:
+                text_end, ids_end = trailer
+                shape = _Shape(prompt, after[: len(after) - len(text_end)], text_end, ids_end)
         if key is not None:
             # Single dict operations (atomic under the GIL): safe if plan_turn
             # runs on a worker thread; a full cache simply starts over.
@@ -272,6 +470,72 @@ class ChatTokenizer:
         when it is the last message (e.g. ``<|im_end|>\\n``)."""
         return self._shape(previous.get("tool_calls"), tools, kwargs).last_terminator
 
+    def _followed(
+        self,
+        previous: Message,
+        shape: _Shape,
+        new_messages: Sequence[Message],
+        tools: list[Any] | None,
+        kwargs: Mapping[str, Any],
+    ) -> str:
+        """The text after the previous answer's content when `new_messages`
+        follow it (history terminator, new messages, generation prompt)."""
+        text = self.render(
+            [*self._context(previous), *new_messages],
+            tools=tools,
+            kwargs=kwargs,
+            add_generation_prompt=True,
+        )
+        return self._after(text, shape.prompt)
+
+    def _varied_tail(
+        self,
+        previous: Message,
+        after: str,
+        shape: _Shape,
+        new_messages: Sequence[Message],
+        tools: list[Any] | None,
+        kwargs: Mapping[str, Any],
+    ) -> str:
+        """The tail of `after` (what follows the previous answer's calls) when
+        history renders the calls otherwise than the last turn did (ids, a
+        ``<|python_tag|>`` or other argument formatting in history only).
+
+        The calls are rendered once more with every argument value replaced:
+        what `after` keeps unchanged at its end is the calls' closing and the
+        tail. The closing must be the one the last turn writes after the
+        values (the model sampled that turn); what follows it is the tail,
+        the same whatever the calls hold. Anything else cannot be located:
+        `InvariantViolated`.
+        """
+        calls = previous.get("tool_calls")
+        varied = _varied_calls(calls)
+        if varied is None:
+            raise InvariantViolated(_NO_TAIL)
+        other = self._shape(varied, tools, kwargs)
+        closing = shape.calls[len(shape.calls) - _common_suffix(shape.calls, other.calls) :]
+        other_after = self._followed({"tool_calls": varied}, other, new_messages, tools, kwargs)
+        same = after[len(after) - _common_suffix(after, other_after) :]
+        if not closing or not same.startswith(closing):
+            raise InvariantViolated(_NO_TAIL)
+        return same[len(closing) :]
+
+    def unrendered(
+        self,
+        previous: Message,
+        new_messages: Sequence[Message],
+        *,
+        tools: list[Any] | None,
+        kwargs: Mapping[str, Any],
+    ) -> int | None:
+        """The index of the first of `new_messages` the template does not
+        render after `previous` (it drops or moves it): why `junction` raised
+        `TemplateCannotExtend`; None when it renders them all."""
+        shape = self._shape(previous.get("tool_calls"), tools, kwargs)
+        return _unrendered(
+            new_messages, self._followed(previous, shape, new_messages, tools, kwargs)
+        )
+
     def junction(
         self,
         previous: Message,
@@ -279,48 +543,55 @@ class ChatTokenizer:
         *,
         tools: list[Any] | None,
         kwargs: Mapping[str, Any],
+        most: int | None = None,
     ) -> Junction:
         """What follows the content of `previous` (the last answer) when
         `new_messages` are appended: history terminator, the new messages and
         the generation prompt, rendered after the synthetic context.
+        `PromptTooLong` when the prompt it adds holds more than `most` tokens.
 
         Rendering only the new messages after the synthetic context keeps the
         cost proportional to what is appended, whatever the history length.
         """
         shape = self._shape(previous.get("tool_calls"), tools, kwargs)
-        text = self.render(
-            [*self._context(previous), *new_messages],
-            tools=tools,
-            kwargs=kwargs,
-            add_generation_prompt=True,
-        )
-        after = self._after(text, shape.prompt)
-        for i, message in enumerate(new_messages):
-            if not _rendered(message, after):
-                raise TemplateCannotExtend(
-                    f"the chat template does not render appended message {i} (role "
-                    f"{message['role']!r}) after the history: it drops the message or moves it "
-                    "before the history, so it cannot be appended token-in/token-out "
-                    "(`rollout-session check-template` reports this per role)",
-                    param="messages",
-                )
-        if not after.startswith(shape.calls):
-            raise InvariantViolated(
-                "chat template renders the previous answer's tool calls differently when "
-                "messages follow; it cannot be extended token-in/token-out"
+        after = self._followed(previous, shape, new_messages, tools, kwargs)
+        i = _unrendered(new_messages, after)
+        if i is not None:
+            raise TemplateCannotExtend(
+                f"the chat template does not render appended message {i} (role "
+                f"{new_messages[i]['role']!r}) after the history: it drops the message or "
+                "moves it before the history, so it cannot be appended token-in/token-out "
+                "(`rollout-session check-template` reports this per role)",
+                param="messages",
             )
-        ids = tuple(self.encode(after[len(shape.calls) :]))
+        if after.startswith(shape.calls):
+            tail = after[len(shape.calls) :]
+        else:
+            # The sampled ids are kept whatever history makes of the calls:
+            # only the tail after them must be found.
+            tail = self._varied_tail(previous, after, shape, new_messages, tools, kwargs)
+        # The history terminator may give way to a sampled stop token
+        # (`continuation`): the prompt can hold that many fewer ids.
+        bound = None if most is None else most + len(shape.last_terminator)
+        ids = tuple(encode_within(self.encode, tail, bound))
         return Junction(ids, terminator_length(shape.last_terminator, ids, self.special_ids))
 
 
 def load_tokenizer(path: str | Path, chat_template: str | None = None) -> ChatTokenizer:
-    """Load an HF tokenizer directory offline; `chat_template` is a file path,
-    a built-in name (``chatml``, ``qwen3``) or None for the tokenizer's own."""
+    """Load an HF tokenizer directory offline. `chat_template`: None for the
+    tokenizer's own (one, or several named ones chosen per request), else the
+    one template to serve: the name of one of the tokenizer's templates (as
+    transformers and vLLM take it), a built-in name (``chatml``, ``qwen3``)
+    or a file path."""
     from transformers import AutoTokenizer
 
-    template = read_chat_template(chat_template) if chat_template else None
     hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    return ChatTokenizer(hf, template, stop_ids=generation_stop_ids(path))
+    stop_ids = generation_stop_ids(path)
+    own = getattr(hf, "chat_template", None)
+    if chat_template and isinstance(own, Mapping) and chat_template in own:
+        return ChatTokenizer(hf, str(own[chat_template]), stop_ids=stop_ids, name=chat_template)
+    template = read_chat_template(chat_template) if chat_template else None
+    return ChatTokenizer(hf, template, stop_ids=stop_ids)
 
 
 def read_chat_template(name_or_path: str) -> str:

@@ -8,10 +8,19 @@ from typing import Any
 import pytest
 
 from rollout_session.prompt import check
-from rollout_session.prompt.check import Outcome, check_template, startup_problems
+from rollout_session.prompt.check import (
+    Outcome,
+    check_template,
+    format_report,
+    role_fix,
+    startup_problems,
+    startup_refusal,
+)
 from rollout_session.prompt.junction import continuation
 from rollout_session.prompt.model_output import answer_ids
-from tests.families import family_tokenizer
+from rollout_session.prompt.tokenizer import ChatTokenizer
+from tests import FIXTURES
+from tests.families import family_tokenizer, model_tokenizer
 
 E, R, U, C = Outcome.EXACT, Outcome.REWRITES, Outcome.UNSUPPORTED, Outcome.CORRUPT
 CASES = (
@@ -108,3 +117,87 @@ def test_llama_builtin_tool_call_ends_on_eom_without_an_added_eot() -> None:
     server = [*tok.first_turn(history, tools=None, kwargs=kwargs), *sampled, *delta]
     assert server == tok.first_turn([*history, answer, *result], tools=None, kwargs=kwargs)
     assert "<|eot_id|>" not in tok.decode_pieces(delta[:1])
+
+
+# --- Templates beyond the families (tests/fixtures/templates/more.json) ---
+
+NAMED_CASES = (
+    ("default", "plain", E),
+    ("default", "reasoning", E),
+    ("default", "cut by max_tokens", E),
+    ("default", "appended system message", E),
+    ("default", "appended developer message", E),
+    ("tool_use", "plain", E),
+    # Hermes renders a tool result with a newline when more follows.
+    ("tool_use", "tool call", R),
+    ("tool_use", "parallel tool calls", R),
+    ("tool_use", "reasoning", E),
+    ("tool_use", "cut by max_tokens", E),
+    ("tool_use", "appended system message", E),
+    ("tool_use", "appended developer message", U),
+)
+
+
+def test_each_named_template_is_checked_on_the_requests_it_serves() -> None:
+    """Hermes 3: `default` on the cases without tools, `tool_use` on every
+    case with tools; the report names each template."""
+    results = check_template(model_tokenizer("hermes-3"), {})
+    assert [(r.template, r.name, r.outcome) for r in results] == list(NAMED_CASES)
+    assert startup_refusal(results, {"tool", "user"}) is None
+    report = format_report(results)
+    assert "chat template 'default' (requests without tools):\n  plain" in report
+    assert "chat template 'tool_use' (requests with tools):\n  plain" in report
+
+
+def test_a_tools_only_template_does_not_fail_start_up() -> None:
+    """Served alone, Hermes' `tool_use` cannot render a request without
+    tools: those cases are unsupported with the reason, not corrupt with the
+    template's TypeError, and the server starts."""
+    results = check_template(model_tokenizer("hermes-3", "tool_use"), {})
+    without = [r for r in results if r.name not in ("tool call", "parallel tool calls")]
+    assert {r.outcome for r in without} == {U}
+    assert all("renders only with tools" in r.detail for r in without)
+    assert "TypeError" not in format_report(results)
+    assert startup_problems(results, {"tool", "user"}) == []
+
+
+def test_a_template_ending_every_last_turn_with_a_generation_prompt_is_exact() -> None:
+    """Command-R7B's tool-use template was refused ("renders the previous
+    answer's tool calls differently when messages follow"): exact now."""
+    results = check_template(model_tokenizer("command-r7b"), {})
+    assert {r.name: r.outcome for r in results} == dict(
+        zip(CASES, (E, E, E, E, E, E, U), strict=True)
+    )
+    assert startup_refusal(results, {"tool", "user", "system"}) is None
+
+
+@pytest.mark.parametrize(
+    ("family", "roles", "fix"),
+    [
+        ("phi-3.5-mini", {"tool", "user"}, "start with --append-roles user (an appended tool"),
+        ("phi-3.5-mini", {"tool", "user", "system", "developer"},
+         "start with --append-roles system,user (an appended developer or tool"),
+        ("drops-history", {"tool", "user"}, "serve a template the server can extend with "
+         "--chat-template FILE"),
+    ],
+    ids=["drops-tool", "drops-tool-and-developer", "no-role-helps"],
+)  # fmt: skip
+def test_a_refusal_names_the_fix_on_its_first_line(
+    family: str, roles: set[str], fix: str, hf_tokenizer: Any
+) -> None:
+    """Phi-3.5 drops tool messages: --append-roles user starts (a tool result
+    then starts a new segment). No --append-roles helps a template that drops
+    the history: another template must be served."""
+    if family == "drops-history":
+        text = (FIXTURES / "broken-templates" / "drops-history.jinja").read_text("utf-8")
+        tok = ChatTokenizer(hf_tokenizer, text)
+    else:
+        tok = model_tokenizer(family)
+    results = check_template(tok, {})
+    refusal = startup_refusal(results, roles)
+    assert refusal is not None
+    first = refusal.splitlines()[0]
+    assert first.startswith("the chat template cannot be extended token-in/token-out exactly; ")
+    assert fix in first
+    suggested = role_fix(results, roles)
+    assert suggested is None or startup_refusal(results, suggested) is None

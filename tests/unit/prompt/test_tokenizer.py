@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from rollout_session.prompt.junction import continuation
 from rollout_session.prompt.model_output import answer_ids
 from rollout_session.prompt.tokenizer import ChatTokenizer
 from tests.conftest import TOOLS
-from tests.families import FAMILIES, family_tokenizer
+from tests.families import FAMILIES, family_tokenizer, model_tokenizer
 
 CALL = {
     "id": "a1b2c3d4e",
@@ -145,3 +146,103 @@ def test_encode_gives_the_same_ids_on_either_side_of_the_gil_free_threshold(size
     text = ("def f(x):\n    return x * 2  # ünïcode 日本\n" * (size // 40 + 1))[:size]
     expected = tok._backend.encode(text, add_special_tokens=False).ids
     assert tok.encode(text) == expected
+
+
+# --- Named templates, tools-only templates, calls history renders otherwise ---
+
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "sys"},
+    {"role": "user", "content": "read a.py"},
+]
+
+
+@pytest.mark.parametrize(
+    ("tools", "name"), [(None, "default"), (TOOLS, "tool_use")], ids=["no-tools", "tools"]
+)
+def test_named_templates_are_chosen_per_request_as_transformers_does(
+    tools: list[Any] | None, name: str
+) -> None:
+    """Hermes 3 ships `default` and `tool_use` (transformers' list form): a
+    request with tools renders with `tool_use`, any other with `default`,
+    exactly what transformers' own `apply_chat_template` renders."""
+    tok = model_tokenizer("hermes-3")
+    assert [t.name for t in tok.templates] == ["default", "tool_use"]
+    assert tok.template_for(tools).name == name
+    ours = tok.render(CONVERSATION, tools=tools, kwargs={}, add_generation_prompt=True)
+    theirs = tok._tok.apply_chat_template(
+        CONVERSATION, tools=tools, tokenize=False, add_generation_prompt=True
+    )
+    assert ours == theirs
+    assert ("<tools>" in ours) is (tools is not None)
+
+
+def test_a_tools_only_template_refuses_a_request_without_tools() -> None:
+    """Hermes' `tool_use` iterates `tools` unguarded (TypeError on None):
+    served alone (`--chat-template tool_use`), a request without tools is
+    the request's fault (400), not a template failure (500)."""
+    tok = model_tokenizer("hermes-3", "tool_use")
+    [template] = tok.templates
+    assert (template.name, template.needs_tools) == ("tool_use", True)
+    with pytest.raises(InvalidRequest, match="renders only with tools") as raised:
+        tok.first_turn(CONVERSATION, tools=None, kwargs={})
+    assert not isinstance(raised.value, InvariantViolated) and raised.value.param == "tools"
+    assert tok.first_turn(CONVERSATION, tools=TOOLS, kwargs={})
+
+
+def test_several_templates_without_a_default_name_the_fix(hf_tokenizer: Any) -> None:
+    hf = copy.copy(hf_tokenizer)
+    hf.chat_template = {"tool_use": "{{ messages }}", "rag": "{{ documents }}"}
+    with pytest.raises(ValueError, match=r"\(rag, tool_use\).*--chat-template NAME"):
+        ChatTokenizer(hf)
+
+
+@pytest.mark.parametrize("name", list(APPENDS))
+def test_a_template_ending_every_last_turn_with_a_generation_prompt_is_served(
+    name: str,
+) -> None:
+    """Command-R7B writes `<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>
+    <|CHATBOT_TOKEN|>` after any last turn, its tool calls' too: that ending
+    is no part of the calls (it was refused as "renders the previous answer's
+    tool calls differently when messages follow"); the junction is exact."""
+    tok = model_tokenizer("command-r7b")
+    server, full = _extended(tok, APPENDS[name])
+    assert server == full
+
+
+# History writes each call's id, the last turn does not (the model sampled
+# that): the calls render differently once messages follow. Synthetic: no
+# genuine template found does only this (see docs/templates.md).
+_IDS_IN_HISTORY = (
+    "{%- for m in messages %}{%- set last = loop.last %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{%- for c in m.tool_calls or [] %}<tool_call>{{ '{' }}"
+    '{%- if not last %}"id": "{{ c.id }}", {% endif %}'
+    '"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}'
+    "</tool_call>{%- endfor %}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_calls_history_renders_otherwise_keep_the_sampled_ids_and_a_stable_tail(
+    hf_tokenizer: Any,
+) -> None:
+    """Only the tail after the calls is appended: it is what stays the same
+    when the calls' argument values change, after the closing the last turn
+    writes too. The sampled calls stay as sampled."""
+    tok = ChatTokenizer(hf_tokenizer, _IDS_IN_HISTORY)
+    server, full = _extended(tok, APPENDS["tool-then-user"])
+    text = "".join(tok.decode_pieces(server))
+    assert text.count('"id"') == 0 and "".join(tok.decode_pieces(full)).count('"id"') == 1
+    # Everything from the sampled calls' closing on is the template's own.
+    tail = text[text.index("</tool_call>") :]
+    full_text = "".join(tok.decode_pieces(full))
+    assert full_text.endswith(tail)
+
+
+def test_a_tail_that_cannot_be_told_from_the_calls_is_refused(hf_tokenizer: Any) -> None:
+    """Calls without arguments: nothing to vary, so no tail can be located."""
+    tok = ChatTokenizer(hf_tokenizer, _IDS_IN_HISTORY)
+    call = {**CALL, "function": {"name": "read_file", "arguments": {}}}
+    previous = {"role": "assistant", "content": "", "tool_calls": [call]}
+    with pytest.raises(InvariantViolated, match="cannot be told apart"):
+        tok.junction(previous, APPENDS["tool"], tools=TOOLS, kwargs={})
