@@ -6,11 +6,16 @@ compares on what changes what the model saw — ``role``, ``content``,
 ``tool_calls`` (function name + parsed JSON arguments; ids and key order are
 ignored) and ``reasoning_content`` only when the request carries it —
 treating ``None``, ``""`` and ``[]`` as equal (docs/api.md#history-rules).
+
+`check_conversation` refuses what no model could have been asked: a message
+without content, a tool result that answers no call, calls left unanswered
+(docs/api.md#what-a-conversation-must-hold). Every protocol converts into
+chat messages and applies it there, naming the field in its own terms.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -20,7 +25,16 @@ from ..errors import InvalidRequest
 # Roles a request may carry. "developer" is OpenAI's newer name for system.
 KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
-__all__ = ["Message", "assistant_message", "common_prefix", "normalize_messages"]
+__all__ = [
+    "FieldName",
+    "Message",
+    "assistant_message",
+    "chat_field",
+    "check_conversation",
+    "common_prefix",
+    "field_table",
+    "normalize_messages",
+]
 
 # A normalised message: plain dict handed to the chat template as is.
 Message = dict[str, Any]
@@ -162,3 +176,121 @@ def common_prefix(stored: Sequence[Message], incoming: Sequence[Message]) -> int
             break
         n += 1
     return n
+
+
+# --- what a conversation must hold ---
+
+# The request's own name of a field of the chat message at an index: the
+# field is "" (the message itself), "content", "tool_call_id" or
+# "tool_calls[k]". The Responses and Messages codecs convert into chat
+# messages, whose indices would mislead their agents.
+FieldName = Callable[[int, str], str]
+
+# Roles whose content OpenAI requires (openai-python's
+# ChatCompletion{User,System,Developer}MessageParam) and without which a
+# prompt means nothing: SGLang's ChatCompletionMessageUserParam requires it,
+# and templates fail on a null system message. A null tool result is let
+# through: SGLang and vLLM take it, and templates render an empty result.
+_CONTENT_REQUIRED = frozenset({"user", "system", "developer"})
+
+
+def chat_field(index: int, field: str) -> str:
+    """The chat route's name: ``messages[3].tool_call_id``."""
+    where = f"messages[{index}]"
+    return f"{where}.{field}" if field else where
+
+
+def field_table(names: Sequence[Mapping[str, str]], offset: int = 0) -> FieldName:
+    """A codec's names: `names[i - offset]` maps the chat message's fields to
+    the request's ("" to the item or block it came from)."""
+
+    def name(index: int, field: str) -> str:
+        fields = names[index - offset]
+        return fields.get(field) or fields[""]
+
+    return name
+
+
+def _call_label(call: Mapping[str, Any]) -> str:
+    name = call["function"]["name"]
+    call_id = call.get("id")
+    return f"{call_id!r} ({name})" if call_id is not None else f"{name!r}"
+
+
+def check_conversation(
+    messages: Sequence[Message], *, start: int = 0, field: FieldName = chat_field
+) -> None:
+    """400 for a conversation that makes a trajectory meaningless, naming the
+    field with `field`; each rule is one OpenAI, Anthropic and the engines'
+    validators share (the table: docs/api.md#what-a-conversation-must-hold):
+
+    - a user, system or developer message without content (null);
+    - an assistant message with neither content (null), tool calls nor
+      reasoning: a model's empty answer is ``content: ""`` and stays sendable;
+    - a tool result where the preceding answer has no calls, or whose
+      ``tool_call_id`` is none of its call ids;
+    - a user or assistant message while calls of the preceding answer are
+      unanswered. System and developer messages between the calls and their
+      results are let through (Claude Code interleaves system messages).
+
+    `messages` are normalised chat messages, or a codec's converted ones
+    (the same keys; optional ones may be absent). Those before `start` are a
+    stored history (a previous response's): they give the calls a tool result
+    answers, but are not themselves refused — a defect is named at `start`
+    or after.
+    """
+    calls: list[Mapping[str, Any]] = []  # the preceding answer's tool calls
+    ids: list[Any] = []  # their ids (None where a call has none)
+    answer_at = -1  # that answer's index
+    unanswered: list[int] = []  # indices into `calls`
+
+    def refuse(index: int, name: str, problem: str) -> None:
+        param = field(index, name)
+        raise InvalidRequest(f"{param}: {problem}", param=param)
+
+    for i, message in enumerate(messages):
+        role = message["role"]
+        checked = i >= start
+        if checked and message.get("content") is None:
+            if role in _CONTENT_REQUIRED:
+                refuse(i, "content", f"a {role} message needs content")
+            if role == "assistant" and not (
+                message.get("tool_calls") or message.get("reasoning_content") is not None
+            ):
+                refuse(
+                    i,
+                    "content",
+                    "an assistant message needs content or tool_calls (a model's empty "
+                    'answer is content "")',
+                )
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            matched = call_id is not None and call_id in ids
+            if matched:
+                unanswered = [k for k in unanswered if ids[k] != call_id]
+            elif calls and (call_id is None or not any(ids)):
+                if unanswered:
+                    unanswered.pop(0)  # no id to match: results answer calls in order
+            elif checked:
+                refuse(
+                    i,
+                    "tool_call_id",
+                    f"{call_id!r} answers no tool call of the preceding answer (its call "
+                    f"ids: {', '.join(repr(c) for c in ids if c is not None)})"
+                    if calls
+                    else "a tool result must answer a tool call of the preceding answer, "
+                    "and there is none",
+                )
+        elif role == "user" or role == "assistant":
+            if unanswered and checked:
+                k = unanswered[0]
+                at, name = (answer_at, f"tool_calls[{k}]") if answer_at >= start else (i, "")
+                refuse(
+                    at,
+                    name,
+                    f"tool call {_call_label(calls[k])} has no tool result before the next "
+                    f"{role} message: every call of an answer is answered first",
+                )
+            calls = (message.get("tool_calls") or []) if role == "assistant" else []
+            ids = [c.get("id") for c in calls]
+            answer_at, unanswered = i, list(range(len(calls)))

@@ -15,12 +15,14 @@ from typing import Any, Final
 import orjson
 
 from ..errors import InvalidRequest
-from ..prompt.messages import Message, normalize_messages
+from ..prompt.messages import Message, check_conversation, normalize_messages
 
 __all__ = [
     "ChatRequest",
     "StreamMode",
     "chat_request",
+    "check_int",
+    "check_schema",
     "parse_chat_request",
     "parse_json_object",
     "tool_list",
@@ -62,7 +64,8 @@ def _check_number(raw: dict[str, Any], name: str, low: float, high: float) -> No
         raise InvalidRequest(f"{name} must be a number in [{low}, {high}]", param=name)
 
 
-def _check_int(raw: dict[str, Any], name: str, low: int, high: int) -> int | None:
+def check_int(raw: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """`raw[name]`: absent, or an integer in [low, high] (400 naming it)."""
     value = raw.get(name)
     if value is None:
         return None
@@ -87,6 +90,15 @@ def tool_list(tools: Any) -> list[Any]:
     return tools
 
 
+def check_schema(schema: Any, at: str, *, required: bool = False) -> None:
+    """A tool's parameter schema (`at` names it): a JSON object, or absent
+    unless `required`. vLLM's FunctionDefinition (``dict | None``), SGLang's
+    JSON-schema check (_validate_request) and Anthropic's ``input_schema``
+    refuse anything else, and chat templates read its keys."""
+    if not isinstance(schema, dict) and (required or schema is not None):
+        raise InvalidRequest(f"{at} must be a JSON schema object", param=at)
+
+
 def _check_tools(tools: Any) -> list[Any] | None:
     tools = tool_list(tools)
     for i, tool in enumerate(tools):
@@ -96,7 +108,34 @@ def _check_tools(tools: Any) -> list[Any] | None:
                 f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
                 param=f"tools[{i}]",
             )
+        check_schema(fn.get("parameters"), f"tools[{i}].function.parameters")
     return tools or None
+
+
+def _check_tool_choice(choice: Any, tools: list[Any] | None) -> None:
+    """What SGLang's and vLLM's chat routes accept, so the worker is never
+    asked for a call it cannot make: "none", "auto" (with or without tools:
+    SGLang accepts it, and it asks for nothing), "required" with tools, or
+    one of the tools by name."""
+    if choice is None or choice in ("none", "auto"):
+        return
+    if choice != "required":
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequest(
+                "tool_choice must be none, auto, required or "
+                "{'type': 'function', 'function': {'name': ...}}",
+                param="tool_choice",
+            )
+        names = [tool["function"]["name"] for tool in tools or ()]
+        if fn["name"] not in names:
+            raise InvalidRequest(
+                f"tool_choice names {fn['name']!r}, which is none of the tools "
+                f"({', '.join(map(repr, names)) or 'none are given'})",
+                param="tool_choice",
+            )
+    elif not tools:
+        raise InvalidRequest("tool_choice 'required' needs tools", param="tool_choice")
 
 
 def _check_stop(stop: Any) -> None:
@@ -161,12 +200,16 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
 
 def parse_chat_request(body: bytes) -> ChatRequest:
     """A chat completions request body, parsed and checked."""
-    return chat_request(parse_json_object(body))
+    request = chat_request(parse_json_object(body))
+    check_conversation(request.messages)
+    return request
 
 
 def chat_request(raw: dict[str, Any]) -> ChatRequest:
     """A chat completions request, checked: the chat route's body, or what
-    another protocol (Responses, Messages) decoded its request into."""
+    another protocol (Responses, Messages) decoded its request into. Its
+    conversation's structure is the caller's to check (`check_conversation`),
+    naming the fields as its agent wrote them."""
     messages = normalize_messages(raw.get("messages"))
     n = raw.get("n")
     if n is not None and (not _is_int(n) or n != 1):
@@ -175,15 +218,19 @@ def chat_request(raw: dict[str, Any]) -> ChatRequest:
     if not isinstance(stream, bool):
         raise InvalidRequest("stream must be a boolean", param="stream")
     include_usage = _check_stream_options(raw)
-    max_tokens = _check_int(raw, "max_tokens", 1, 2**31 - 1)
-    max_completion = _check_int(raw, "max_completion_tokens", 1, 2**31 - 1)
+    max_tokens = check_int(raw, "max_tokens", 1, 2**31 - 1)
+    max_completion = check_int(raw, "max_completion_tokens", 1, 2**31 - 1)
     _check_number(raw, "temperature", 0.0, 2.0)
     _check_number(raw, "top_p", 0.0, 1.0)
     _check_number(raw, "presence_penalty", -2.0, 2.0)
     _check_number(raw, "frequency_penalty", -2.0, 2.0)
-    _check_int(raw, "seed", -(2**63), 2**64 - 1)
-    _check_int(raw, "top_logprobs", 0, 20)
-    _check_int(raw, "top_k", -1, 2**31 - 1)
+    check_int(raw, "seed", -(2**63), 2**64 - 1)
+    top_logprobs = check_int(raw, "top_logprobs", 0, 20)
+    if top_logprobs and raw.get("logprobs") is not True:
+        # Refused by OpenAI and vLLM (check_logprobs); the worker is always
+        # asked for logprobs, so it would otherwise answer what was not asked.
+        raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    check_int(raw, "top_k", -1, 2**31 - 1)
     _check_stop(raw.get("stop"))
     _check_type(raw, "model", (str,), "a string")
     _check_type(raw, "user", (str,), "a string")
@@ -191,7 +238,6 @@ def chat_request(raw: dict[str, Any]) -> ChatRequest:
     _check_type(raw, "parallel_tool_calls", (bool,), "a boolean")
     _check_type(raw, "response_format", (dict,), "an object")
     _check_type(raw, "metadata", (dict,), "an object")
-    _check_type(raw, "tool_choice", (str, dict), "a string or an object")
     kwargs = raw.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
@@ -202,10 +248,12 @@ def chat_request(raw: dict[str, Any]) -> ChatRequest:
             "the prompt with its own",
             param="chat_template_kwargs",
         )
+    tools = _check_tools(raw.get("tools"))
+    _check_tool_choice(raw.get("tool_choice"), tools)
     return ChatRequest(
         raw=raw,
         messages=messages,
-        tools=_check_tools(raw.get("tools")),
+        tools=tools,
         chat_template_kwargs=kwargs,
         max_tokens=max_completion if max_completion is not None else max_tokens,
         stream=stream,

@@ -28,6 +28,10 @@ re-sent history converts to what the session stored (`prompt/messages.py` matche
   on the chat route.
 - images, documents, server tools (web search, code execution, …) and MCP
   servers are refused with a 400 naming the feature.
+- the converted conversation is checked by `check_conversation` (a
+  ``tool_result`` answers a ``tool_use`` of the assistant message before it,
+  every ``tool_use`` is answered), each defect named as its block
+  (``messages[1].content[0].tool_use_id``).
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from typing import Any, Final
 import orjson
 
 from ...errors import InvalidRequest, RolloutSessionError
-from ...prompt.messages import Message
-from ...turn.request import parse_json_object, tool_list
+from ...prompt.messages import Message, check_conversation, field_table
+from ...turn.request import check_schema, parse_json_object, tool_list
 from .sse import encode_typed_events, text_pieces
 
 __all__ = [
@@ -131,8 +135,12 @@ def parse_messages_request(body: bytes, *, count_only: bool = False) -> Messages
         raise InvalidRequest("max_tokens must be a positive integer", param="max_tokens")
     else:
         chat["max_tokens"] = max_tokens
-    messages = _system(raw.get("system"))
-    messages += _messages(raw.get("messages"))
+    messages, fields = _system(raw.get("system"))
+    converted, converted_fields = _messages(raw.get("messages"))
+    messages += converted
+    fields += converted_fields
+    # Here, not in chat_request: the defect is named as the agent wrote it.
+    check_conversation(messages, field=field_table(fields))
     chat["messages"] = messages
     tools = _tools(raw.get("tools"))
     if tools:
@@ -192,17 +200,24 @@ def _texts(content: Any, where: str) -> str:
     return "".join(pieces)
 
 
-def _system(system: Any) -> list[Message]:
+# Chat messages, and for each the names of its fields in the request
+# (`field_table`): ``messages[1].content[0].tool_use_id``, not the chat
+# message's ``messages[2].tool_call_id``.
+Converted = tuple[list[Message], list[dict[str, str]]]
+
+
+def _system(system: Any) -> Converted:
     if system is None:
-        return []
+        return [], []
     text = _texts(system, "system")
-    return [{"role": "system", "content": text}] if text else []
+    return ([{"role": "system", "content": text}], [{"": "system"}]) if text else ([], [])
 
 
-def _messages(raw: Any) -> list[Message]:
+def _messages(raw: Any) -> Converted:
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages must be a non-empty list", param="messages")
     converted: list[Message] = []
+    fields: list[dict[str, str]] = []
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -210,17 +225,23 @@ def _messages(raw: Any) -> list[Message]:
         role = message.get("role")
         content = message.get("content")
         if role == "user":
-            converted += _user(content, where)
+            user, user_fields = _user(content, where)
+            converted += user
+            fields += user_fields
         elif role == "assistant":
-            converted.append(_assistant(content, where))
+            answer, answer_fields = _assistant(content, where)
+            converted.append(answer)
+            fields.append(answer_fields)
         elif role == "system":
-            # A system message within the conversation (Claude Code sends them).
+            # A system message within the conversation: Claude Code sends them,
+            # and SGLang's and vLLM's Messages routes take them (role "system").
             converted.append({"role": "system", "content": _texts(content, f"{where}.content")})
+            fields.append({"": where})
         else:
             raise InvalidRequest(
                 f"{where}.role must be user, assistant or system", param=f"{where}.role"
             )
-    return converted
+    return converted, fields
 
 
 def _content_blocks(content: Any, where: str) -> list[Any]:
@@ -233,8 +254,9 @@ def _content_blocks(content: Any, where: str) -> list[Any]:
     return content
 
 
-def _user(content: Any, where: str) -> list[Message]:
+def _user(content: Any, where: str) -> Converted:
     tools: list[Message] = []
+    fields: list[dict[str, str]] = []
     texts: list[str] = []
     for i, block in enumerate(_content_blocks(content, where)):
         at = f"{where}.content[{i}]"
@@ -251,6 +273,7 @@ def _user(content: Any, where: str) -> list[Message]:
             result = block.get("content", "")
             text = _texts(result if result is not None else "", f"{at}.content")
             tools.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            fields.append({"": at, "tool_call_id": f"{at}.tool_use_id"})
         else:
             raise InvalidRequest(
                 f"{at} of type {kind!r} is not supported in a user message: "
@@ -259,10 +282,12 @@ def _user(content: Any, where: str) -> list[Message]:
             )
     if texts or not tools:
         tools.append({"role": "user", "content": "".join(texts)})
-    return tools
+        fields.append({"": where})
+    return tools, fields
 
 
-def _assistant(content: Any, where: str) -> Message:
+def _assistant(content: Any, where: str) -> tuple[Message, dict[str, str]]:
+    fields = {"": where}
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -281,6 +306,7 @@ def _assistant(content: Any, where: str) -> Message:
                 raise InvalidRequest(f"{at} needs a string id and name", param=at)
             if not isinstance(arguments, dict):
                 raise InvalidRequest(f"{at}.input must be an object", param=at)
+            fields[f"tool_calls[{len(calls)}]"] = at
             calls.append(
                 {
                     "id": call_id,
@@ -299,7 +325,7 @@ def _assistant(content: Any, where: str) -> Message:
         message["reasoning_content"] = "".join(reasoning)
     if calls:
         message["tool_calls"] = calls
-    return message
+    return message, fields
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
@@ -318,8 +344,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not name:
             raise InvalidRequest(f"{at}.name must be a string", param=at)
-        if not isinstance(schema, dict):
-            raise InvalidRequest(f"{at}.input_schema must be an object", param=at)
+        check_schema(schema, f"{at}.input_schema", required=True)
         # OpenAI's key order: the template renders the tools as JSON.
         function: dict[str, Any] = {"name": name}
         description = tool.get("description")

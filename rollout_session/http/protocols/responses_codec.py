@@ -25,8 +25,12 @@ Conversion (docs/api.md#post-sessionsidv1responses):
   ``temperature``, ``top_p`` as they are; ``store``, ``include``,
   ``truncation``, ``reasoning``, ``metadata``, ``user``,
   ``parallel_tool_calls``, ``service_tier``, ``prompt_cache_key`` are
-  accepted and not forwarded. Any other field (SGLang extras sent with
+  accepted and not forwarded (``top_logprobs`` and ``include`` still of
+  their documented types). Any other field (SGLang extras sent with
   ``extra_body``) is forwarded as on the chat route.
+- the conversation, history included, is checked by `check_conversation`
+  (a ``function_call_output`` must answer a call of the answer before it),
+  each defect named as its ``input`` item (``input[2].call_id``).
 """
 
 from __future__ import annotations
@@ -40,9 +44,16 @@ from typing import Any, Final
 import orjson
 
 from ...errors import InvalidRequest
-from ...prompt.messages import Message
+from ...prompt.messages import Message, check_conversation, field_table
 from ...session.trajectory import Turn
-from ...turn.request import ChatRequest, chat_request, parse_json_object, tool_list
+from ...turn.request import (
+    ChatRequest,
+    chat_request,
+    check_int,
+    check_schema,
+    parse_json_object,
+    tool_list,
+)
 from .sse import encode_typed_events, text_pieces
 
 __all__ = [
@@ -102,6 +113,7 @@ class ResponsesRequest:
     chat: dict[str, Any]  # the chat request, `messages` still to be set
     stream: bool
     previous_response_id: str | None
+    fields: list[dict[str, str]]  # per message, its fields' names in the request
 
 
 def parse_responses_request(body: bytes) -> ResponsesRequest:
@@ -120,9 +132,11 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     instructions = raw.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequest("instructions must be a string", param="instructions")
-    messages = _input_messages(raw.get("input"))
+    _check_ignored(raw)
+    messages, fields = _input_messages(raw.get("input"))
     if instructions:
         messages.insert(0, {"role": "system", "content": instructions})
+        fields.insert(0, {"": "instructions"})
     chat = {k: v for k, v in raw.items() if k not in _CONVERTED and k not in _IGNORED}
     tools = _tools(raw.get("tools"))
     if tools:
@@ -134,25 +148,41 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     response_format = _response_format(raw.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
-    return ResponsesRequest(raw, messages, chat, stream, previous)
+    return ResponsesRequest(raw, messages, chat, stream, previous, fields)
+
+
+def _check_ignored(raw: dict[str, Any]) -> None:
+    """Fields accepted and not forwarded still have their documented types
+    (OpenAI's, which SGLang's and vLLM's ResponsesRequest validate)."""
+    check_int(raw, "top_logprobs", 0, 20)
+    include = raw.get("include")
+    if include is not None and not (
+        isinstance(include, list) and all(isinstance(v, str) for v in include)
+    ):
+        # Any string: OpenAI adds includables, and none changes a turn here.
+        raise InvalidRequest("include must be a list of strings", param="include")
 
 
 def chat_of(request: ResponsesRequest, history: Sequence[Message]) -> ChatRequest:
     """The chat request: `history` (a previous response's conversation), then
     the request's own messages. With history, `instructions` replace its
     first system message rather than adding one (OpenAI does not carry a
-    previous response's instructions over)."""
-    messages = list(request.messages)
+    previous response's instructions over). The conversation is checked
+    whole, so a function_call_output answers a call of the previous
+    response; defects are named as `input` items."""
+    messages, fields = list(request.messages), request.fields
+    own: list[Message] = []
     if history:
         own = list(history)
         if messages and messages[0]["role"] == "system" and request.raw.get("instructions"):
-            system = messages.pop(0)
+            system, fields = messages.pop(0), fields[1:]
             if own and own[0]["role"] == "system":
                 own[0] = system
             else:
                 own.insert(0, system)
-        messages = own + messages
-    return chat_request({**request.chat, "messages": messages, "stream": False})
+    chat = chat_request({**request.chat, "messages": own + messages, "stream": False})
+    check_conversation(chat.messages, start=len(own), field=field_table(fields, len(own)))
+    return chat
 
 
 def _text(content: Any, where: str) -> str:
@@ -172,19 +202,31 @@ def _text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _input_messages(items: Any) -> list[Message]:
+def _input_messages(items: Any) -> tuple[list[Message], list[dict[str, str]]]:
+    """The chat messages of `input`, and for each the names of its fields in
+    the request (`field_table`): ``input[2].call_id`` rather than the chat
+    message's ``messages[3].tool_call_id``."""
     if isinstance(items, str):
-        return [{"role": "user", "content": items}]
+        return [{"role": "user", "content": items}], [{"": "input"}]
     if not isinstance(items, list) or not items:
         raise InvalidRequest("input must be a string or a non-empty list of items", param="input")
     messages: list[Message] = []
+    fields: list[dict[str, str]] = []
     answer: dict[str, Any] | None = None  # the assistant message being assembled
+    answer_fields: dict[str, str] = {}
 
     def flush() -> None:
         nonlocal answer
         if answer is not None:
             messages.append(answer)
+            fields.append(answer_fields)
             answer = None
+
+    def assemble(where: str) -> dict[str, Any]:
+        nonlocal answer, answer_fields
+        if answer is None:
+            answer, answer_fields = {"role": "assistant", "content": ""}, {"": where}
+        return answer
 
     for i, item in enumerate(items):
         where = f"input[{i}]"
@@ -200,19 +242,21 @@ def _input_messages(items: Any) -> list[Message]:
                 )
             text = _text(item.get("content"), f"{where}.content")
             if role == "assistant":
-                answer = answer or {"role": "assistant", "content": ""}
-                answer["content"] += text
+                assemble(where)["content"] += text
+                answer_fields.setdefault("content", f"{where}.content")
             else:
                 flush()
                 messages.append({"role": role, "content": text})
+                fields.append({"": where})
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
             if not all(isinstance(v, str) for v in (call_id, name, arguments)):
                 raise InvalidRequest(
                     f"{where} needs string call_id, name and arguments", param=where
                 )
-            answer = answer or {"role": "assistant", "content": ""}
-            answer.setdefault("tool_calls", []).append(
+            calls = assemble(where).setdefault("tool_calls", [])
+            answer_fields[f"tool_calls[{len(calls)}]"] = where
+            calls.append(
                 {
                     "id": call_id,
                     "type": "function",
@@ -226,12 +270,13 @@ def _input_messages(items: Any) -> list[Message]:
             flush()
             output = _text(item.get("output"), f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+            fields.append({"": where, "tool_call_id": f"{where}.call_id"})
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             text = _text(parts, f"{where}.content")
-            answer = answer or {"role": "assistant", "content": ""}
+            assembled = assemble(where)
             if text:
-                answer["reasoning_content"] = text
+                assembled["reasoning_content"] = text
         else:
             raise InvalidRequest(
                 f"{where} of type {kind!r} is not supported: message, function_call, "
@@ -239,7 +284,7 @@ def _input_messages(items: Any) -> list[Message]:
                 param=f"{where}.type",
             )
     flush()
-    return messages
+    return messages, fields
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
@@ -252,6 +297,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                 "model runs on your workers; built-in tools are OpenAI's)",
                 param=f"tools[{i}]",
             )
+        # Here, not in chat_request: named as the Responses API does.
+        check_schema(tool.get("parameters"), f"tools[{i}].parameters")
         function = {"name": tool["name"]}
         for key in ("description", "parameters", "strict"):
             if tool.get(key) is not None:

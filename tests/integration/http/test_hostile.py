@@ -1,8 +1,10 @@
-"""Property test: hostile or malformed requests across all routes never get a
-5xx and never change a committed trajectory.
+"""Property tests: hostile or malformed requests across all routes never get a
+5xx and never change a committed trajectory; nearly-right Responses and
+Messages bodies (tool calls and results that may or may not pair up) never
+get a 5xx, commit only with a 200, and leave their connection usable.
 
-The default profile sends 2,400 requests (240 examples × 10); a longer run:
-``scripts/fuzz`` (``--hypothesis-profile=long``).
+The default profile sends 1,200 requests (240 examples × 5) and 40 nearly-right
+bodies; a longer run: ``scripts/fuzz`` (``--hypothesis-profile=long``).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import json
 from typing import Any
 
 import httpx
+import orjson
 import trio
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import Stack
+from tests.integration.raw_http import RawConnection
 
 PROTECTED = "protected-session"
 OTHER = "other-session"
@@ -251,3 +255,125 @@ async def test_hostile_requests_never_5xx_nor_change_history(make_stack: Any) ->
         await client.aclose()
     assert len(statuses) >= 1000
     assert (await stack.client.get(f"/sessions/{PROTECTED}/trajectory")).content == before
+
+
+# Nearly-right Responses and Messages bodies: well-formed enough that many
+# are turns, with the parts agents get wrong drawn from small pools — call
+# ids that may or may not pair up, tools whose schema may be no object,
+# tool_choice without tools, out-of-range top_logprobs.
+call_id = st.sampled_from(["c1", "c2", ""])
+short_text = st.text(max_size=12)
+schema: st.SearchStrategy[Any] = (
+    st.sampled_from([{"type": "object"}, None, "x", [], {}]) | json_value
+)
+responses_item = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system"]), "content": short_text}
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": call_id,
+            "name": st.just("read_file"),
+            "arguments": st.sampled_from(["{}", '{"path": "a"}', "x"]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("function_call_output"), "call_id": call_id, "output": short_text}
+    ),
+)
+nearly_responses = st.fixed_dictionaries(
+    {"input": st.lists(responses_item, min_size=1, max_size=5), "max_output_tokens": st.just(4)},
+    optional={
+        "tools": st.lists(
+            st.fixed_dictionaries(
+                {"type": st.just("function"), "name": st.just("read_file"), "parameters": schema}
+            ),
+            max_size=1,
+        ),
+        "tool_choice": st.sampled_from(["auto", "required", {"type": "function", "name": "f"}]),
+        "top_logprobs": st.integers(-1, 30) | json_value,
+        "include": st.lists(short_text, max_size=1) | json_value,
+    },
+)
+anthropic_nearly_block = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": short_text}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("tool_use"),
+            "id": call_id,
+            "name": st.just("read_file"),
+            "input": st.just({}),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_result"), "tool_use_id": call_id, "content": short_text}
+    ),
+)
+nearly_messages = st.fixed_dictionaries(
+    {
+        "model": st.just("m"),
+        "max_tokens": st.just(4),
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["user", "assistant", "system"]),
+                    "content": short_text | st.lists(anthropic_nearly_block, max_size=3),
+                }
+            ),
+            min_size=1,
+            max_size=5,
+        ),
+    },
+    optional={
+        "tools": st.lists(
+            st.fixed_dictionaries({"name": st.just("read_file"), "input_schema": schema}),
+            max_size=1,
+        ),
+        "tool_choice": st.sampled_from([{"type": "any"}, {"type": "tool", "name": "f"}]),
+    },
+)
+nearly_right = st.one_of(
+    nearly_responses.map(lambda b: ("/v1/responses", b)),
+    nearly_messages.map(lambda b: ("/v1/messages", b)),
+)
+
+
+async def test_nearly_right_responses_and_messages_commit_only_with_a_200(
+    stack: Stack,
+) -> None:
+    session_id = await stack.create()
+    session = stack.ctx.registry.get(session_id)
+
+    def committed() -> tuple[int, int, int]:
+        return (len(session.earlier), len(session.trajectory.turns), len(session.trajectory))
+
+    connection = await RawConnection.open(stack.url)
+    statuses: list[int] = []
+
+    # A sixth of the profile's examples (40 in CI): each may be a turn.
+    @settings(max_examples=max(settings().max_examples // 6, 10))
+    @given(nearly_right)
+    def run(request: tuple[str, dict[str, Any]]) -> None:
+        path, body = request
+        before = trio.from_thread.run_sync(committed)
+        answer = trio.from_thread.run(
+            connection.request,
+            "POST",
+            f"/sessions/{session_id}{path}",
+            {"content-type": "application/json"},
+            dumps(body),
+        )
+        statuses.append(answer.status)
+        assert answer.status < 500 and not answer.closes, (request, answer)
+        if answer.status != 200:
+            assert trio.from_thread.run_sync(committed) == before, request
+            error = orjson.loads(answer.body)["error"]
+            assert error["message"] and error["code"] == "invalid_request", (request, error)
+
+    try:
+        await trio.to_thread.run_sync(run)
+    finally:
+        await connection.aclose()
+    # Both outcomes were drawn: the property is not vacuous.
+    assert 200 in statuses and 400 in statuses, statuses

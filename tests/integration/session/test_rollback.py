@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
-from tests.integration.session.test_turns import check_document, echo, run_tool_episode
+from tests.integration.session.test_turns import answered, check_document, run_tool_episode
 
 
 @pytest.fixture
@@ -64,6 +64,7 @@ async def test_changed_tools_diverge_from_the_first_prompt(rollback_stack: Stack
     stack = rollback_stack
     session_id = await stack.create()
     messages, _ = await run_tool_episode(stack, session_id, turns=3)
+    messages += answered(messages[-1])[1:]  # the last answer's calls, answered
     messages.append({"role": "user", "content": "next"})
     response = await stack.chat(session_id, messages=messages, tools=None)
     assert response.status_code == 400
@@ -90,11 +91,11 @@ async def test_a_retry_is_allowed_even_where_no_rollback_is(make_stack: StackFac
     session_id = await stack.create()
     messages: list[dict[str, Any]] = [{"role": "user", "content": "first"}]
     first = (await stack.chat(session_id, messages=messages)).json()
-    messages += [echo(first["choices"][0]["message"]), {"role": "user", "content": "second"}]
+    messages += [*answered(first["choices"][0]["message"]), {"role": "user", "content": "second"}]
     assert (await stack.chat(session_id, messages=messages)).status_code == 200
     retry = await stack.chat(session_id, messages=messages)
     assert retry.status_code == 200, retry.text
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     assert [r["reason"] for r in doc["rollbacks"]] == ["retry"]
     # Anything else that would drop a turn is refused.
     edited = [*messages[:-1], {"role": "user", "content": "edited"}]
@@ -137,7 +138,7 @@ def after_one_answer(answer: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         "answer_dropped": [USER_1, {"role": "user", "content": "please answer"}],
         # The agent rewrote its own question.
         "history_edited": [{"role": "user", "content": "another question"}],
-        "tools_changed": [USER_1, echo(answer), {"role": "user", "content": "go on"}],
+        "tools_changed": [USER_1, *answered(answer), {"role": "user", "content": "go on"}],
     }
 
 
@@ -166,7 +167,7 @@ async def test_every_rollback_is_logged_and_counted_by_reason(
         f"request differs from the stored history at message {at_message}"
     )
     assert expected in caplog.messages
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     assert doc["num_segments"] == 1
     assert [
         (r["reason"], r["turn"], r["dropped_turns"], r["message"]) for r in doc["rollbacks"]
@@ -179,5 +180,5 @@ async def test_an_extension_is_no_rollback(stack: Stack) -> None:
     for reason in ("retry", "answer_dropped", "history_edited", "tools_changed"):
         assert stack.ctx.metrics.rollbacks.labels(reason)._value.get() == 0
         assert stack.ctx.metrics.segments.labels(reason)._value.get() == 0
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     assert (doc["num_segments"], doc["rollbacks"]) == (1, [])

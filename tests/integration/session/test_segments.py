@@ -21,7 +21,7 @@ from rollout_session.testing.emulator import EmulatorConfig
 from tests.conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
 from tests.integration.conftest import closed_after_test
 from tests.integration.protocols.test_sdk import MODEL, base_url
-from tests.integration.session.test_turns import check_document, echo
+from tests.integration.session.test_turns import answered, check_document, echo
 
 pytestmark = pytest.mark.usefixtures("close_sdk_clients")
 
@@ -61,7 +61,7 @@ def sampled_ids(answer: dict[str, Any]) -> list[int]:
 def check_nothing_lost(doc: dict[str, Any], agent: Agent) -> None:
     """Every kept answer's sampled ids are one turn's completion, in some
     segment, and the segments hold no other mask-1 token."""
-    assert doc["schema_version"] == 2 and doc["num_segments"] == len(doc["segments"])
+    assert doc["schema_version"] == 3 and doc["num_segments"] == len(doc["segments"])
     completions = []
     for index, segment in enumerate(doc["segments"]):
         assert segment["index"] == index
@@ -76,9 +76,8 @@ def check_nothing_lost(doc: dict[str, Any], agent: Agent) -> None:
     # in a segment or counted as dropped by a rollback.
     every = sum(a["usage"]["completion_tokens"] for a in agent.answers)
     assert every == sampled + sum(r["dropped_tokens"] for r in doc["rollbacks"])
-    # v1's fields are the last segment's.
-    last = doc["segments"][-1]
-    assert (doc["token_ids"], doc["turns"]) == (last["token_ids"], last["turns"])
+    # Each segment once: no copy of the last one at the top level.
+    assert not {"token_ids", "turns", "messages"} & doc.keys()
 
 
 def branches(doc: dict[str, Any]) -> list[Any]:
@@ -113,7 +112,7 @@ async def test_a_dropped_reasoning_only_answer_starts_a_segment(
     assert answer["reasoning_content"] and not answer["content"]
     # The SDK keeps no empty message and asks again with the same input.
     await agent.call(messages)
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert branches(doc) == [None, {"reason": "answer_dropped", "segment": 0, "message": 1}]
     assert doc["rollbacks"] == []
@@ -126,8 +125,17 @@ async def test_a_dropped_answer_with_a_nudge_starts_a_segment(stack: Stack) -> N
     messages, _ = await first_answer(agent)
     nudge = {"role": "user", "content": "No tool calls found. Call exactly one tool."}
     await agent.call([*messages, nudge])
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
+    # v1's document (?schema=1) is the last segment, and says how many there are.
+    v1 = await stack.trajectory(session_id, schema=1)
+    last = doc["segments"][-1]
+    assert (v1["schema_version"], v1["num_segments"]) == (1, 2)
+    assert (v1["token_ids"], v1["turns"], v1["messages"]) == (
+        last["token_ids"],
+        last["turns"],
+        last["messages"],
+    )
     assert branches(doc) == [None, {"reason": "answer_dropped", "segment": 0, "message": 2}]
     # The new segment is the render of the request: it starts with the same prompt.
     first, second = doc["segments"]
@@ -150,7 +158,7 @@ async def test_tool_calls_re_sent_as_text_start_a_segment_each_time(stack: Stack
             {"role": "assistant", "content": text},
             {"role": "user", "content": f"Observation: step {step}"},
         ]
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert doc["num_segments"] == 4
     assert [b and (b["reason"], b["message"]) for b in branches(doc)] == [
@@ -166,8 +174,8 @@ async def test_changed_tools_start_a_segment(stack: Stack) -> None:
     session_id, agent = await episode(stack)
     messages, answer = await first_answer(agent)
     agent.tools = OTHER_TOOLS
-    await agent.call([*messages, echo(answer), {"role": "user", "content": "go on"}])
-    doc = await stack.trajectory(session_id)
+    await agent.call([*messages, *answered(answer), {"role": "user", "content": "go on"}])
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert branches(doc) == [None, {"reason": "tools_changed", "segment": 0, "message": 0}]
 
@@ -175,11 +183,11 @@ async def test_changed_tools_start_a_segment(stack: Stack) -> None:
 async def test_compacted_history_starts_a_segment(stack: Stack) -> None:
     session_id, agent = await episode(stack)
     messages, answer = await first_answer(agent)
-    messages = [*messages, echo(answer), {"role": "user", "content": "and then?"}]
+    messages = [*messages, *answered(answer), {"role": "user", "content": "and then?"}]
     answer = await agent.call(messages)
     summary = {"role": "user", "content": "Summary so far: main.py prints 0."}
     await agent.call([SYSTEM, summary, {"role": "user", "content": "Continue."}])
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert branches(doc) == [None, {"reason": "history_edited", "segment": 0, "message": 1}]
     assert [len(s["turns"]) for s in doc["segments"]] == [2, 1]
@@ -199,7 +207,7 @@ async def test_an_appended_system_or_developer_message(
     messages, answer = await first_answer(agent)
     reminder = {"role": role, "content": "Answer with a tool call."}
     await agent.call([*messages, echo(answer), reminder])
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert doc["num_segments"] == segments
     if segments == 2:
@@ -211,11 +219,11 @@ async def test_a_retry_replaces_the_last_turn_visibly(
 ) -> None:
     session_id, agent = await episode(stack)
     messages, answer = await first_answer(agent)
-    messages = [*messages, echo(answer), {"role": "user", "content": "and then?"}]
+    messages = [*messages, *answered(answer), {"role": "user", "content": "and then?"}]
     await agent.call(messages)
     with caplog.at_level(logging.INFO, logger="rollout_session"):
         await agent.retry(messages, seed=7)
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert doc["num_segments"] == 1
     (rollback,) = doc["rollbacks"]
@@ -239,8 +247,8 @@ async def test_a_client_timeout_and_its_retry_lose_nothing(make_stack: StackFact
         await agent.call([SYSTEM, USER_1])
     agent.client = client(base_url(stack, session_id))
     messages, answer = await first_answer(agent)
-    await agent.call([*messages, echo(answer), {"role": "user", "content": "and then?"}])
-    doc = await stack.trajectory(session_id)
+    await agent.call([*messages, *answered(answer), {"role": "user", "content": "and then?"}])
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert (doc["num_segments"], doc["rollbacks"]) == (1, [])
 
@@ -252,9 +260,9 @@ async def test_a_segment_is_extended_like_a_session(stack: Stack) -> None:
     messages = [*messages, {"role": "user", "content": "Use a tool, please."}]
     answer = await agent.call(messages)
     for step in range(3):
-        messages = [*messages, echo(answer), {"role": "user", "content": f"step {step}"}]
+        messages = [*messages, *answered(answer), {"role": "user", "content": f"step {step}"}]
         answer = await agent.call(messages)
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert [len(s["turns"]) for s in doc["segments"]] == [1, 4]
     # The worker was sent the new segment's ids, extended turn by turn.
@@ -278,25 +286,25 @@ async def test_on_divergence_error_refuses_with_400_and_keeps_the_session(
     stack = await make_stack(on_divergence="error")
     session_id, agent = await episode(stack)
     messages, _ = await first_answer(agent)
-    before = await stack.trajectory(session_id)
+    before = await stack.trajectory(session_id, schema=3)
     with pytest.raises(openai.BadRequestError) as refused:
         await agent.call(second)
     assert refused.value.status_code == 400
     assert refused.value.code == code
     assert "--on-divergence error" in refused.value.message
-    assert await stack.trajectory(session_id) == before
+    assert await stack.trajectory(session_id, schema=3) == before
     # A retry and an extension still work.
     await agent.retry(messages)
-    await agent.call([*messages, echo(agent.answers[-1]["choices"][0]["message"]), USER_1])
-    check_nothing_lost(await stack.trajectory(session_id), agent)
+    await agent.call([*messages, *answered(agent.answers[-1]["choices"][0]["message"]), USER_1])
+    check_nothing_lost(await stack.trajectory(session_id, schema=3), agent)
 
 
 async def test_export_views_cover_every_segment(stack: Stack) -> None:
     session_id, agent = await episode(stack)
     messages, answer = await first_answer(agent)
-    await agent.call([*messages, echo(answer), {"role": "user", "content": "more"}])
+    await agent.call([*messages, *answered(answer), {"role": "user", "content": "more"}])
     await agent.call([SYSTEM, {"role": "user", "content": "start over"}])
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     samples = (
         await stack.client.get(f"/sessions/{session_id}/trajectory", params={"format": "sample"})
     ).json()["samples"]
@@ -334,9 +342,9 @@ async def test_prompt_mode_render_extends_what_renders_the_same(stack_render: St
     session_id, agent = await episode(stack)
     messages, answer = await first_answer(agent)
     for step in range(2):
-        messages = [*messages, echo(answer), {"role": "user", "content": f"step {step}"}]
+        messages = [*messages, *answered(answer), {"role": "user", "content": f"step {step}"}]
         answer = await agent.call(messages)
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert doc["num_segments"] == 1
 
@@ -359,9 +367,9 @@ async def test_prompt_mode_render_starts_a_segment_where_the_template_rewrites(
     messages = [USER_1]
     answer = await agent.call(messages, seed=1)
     assert answer["reasoning_content"]
-    messages = [*messages, echo(answer), {"role": "user", "content": "And?"}]
+    messages = [*messages, *answered(answer), {"role": "user", "content": "And?"}]
     await agent.call(messages, seed=2)
-    doc = await stack.trajectory(session_id)
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert branches(doc) == [
         None,
@@ -385,7 +393,7 @@ async def test_prompt_mode_render_with_on_divergence_error_refuses(
     _, agent = await episode(stack, tools=None)
     answer = await agent.call([USER_1], seed=1)
     with pytest.raises(openai.BadRequestError) as refused:
-        await agent.call([USER_1, echo(answer), {"role": "user", "content": "And?"}])
+        await agent.call([USER_1, *answered(answer), {"role": "user", "content": "And?"}])
     assert refused.value.code == "trajectory_diverged"
     assert "renders this request's history differently" in refused.value.message
 
@@ -399,16 +407,16 @@ async def test_segments_survive_a_restart_exactly(make_stack: StackFactory, tmp_
     extended = [*messages, {"role": "user", "content": "Search."}]
     answer = await agent.call(extended)  # tools_changed
     await agent.retry(extended, seed=3)
-    before = await stack.trajectory(session_id)
+    before = await stack.trajectory(session_id, schema=3)
     assert before["num_segments"] == 3 and len(before["rollbacks"]) == 1
     await stack.server.aclose()  # the journal is flushed; a new server replays it
     again = await make_stack(journal=str(tmp_path))
-    assert await again.trajectory(session_id) == before
+    assert await again.trajectory(session_id, schema=3) == before
     # The restored session goes on in its last segment.
     agent.client = client(base_url(again, session_id))
     answer = agent.answers[-1]["choices"][0]["message"]
-    await agent.call([*extended, echo(answer), {"role": "user", "content": "more"}])
-    doc = await again.trajectory(session_id)
+    await agent.call([*extended, *answered(answer), {"role": "user", "content": "more"}])
+    doc = await again.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert [len(s["turns"]) for s in doc["segments"]] == [1, 1, 2]
 
@@ -421,16 +429,16 @@ async def test_segments_past_the_cap_are_refused_and_the_session_goes_on(
     messages, _ = await first_answer(agent)
     second = [*messages, {"role": "user", "content": "Use a tool."}]
     answer = await agent.call(second)  # segment 1
-    before = await stack.trajectory(session_id)
+    before = await stack.trajectory(session_id, schema=3)
     received = stack.emulator.received
     with pytest.raises(openai.BadRequestError) as refused:
         await agent.call([SYSTEM, {"role": "user", "content": "start over"}])
     assert refused.value.code == "too_many_segments"
     assert stack.emulator.received == received
-    assert await stack.trajectory(session_id) == before
+    assert await stack.trajectory(session_id, schema=3) == before
     # Its last segment still takes a retry and an extension.
     answer = await agent.retry(second)
-    await agent.call([*second, echo(answer), {"role": "user", "content": "go on"}])
-    doc = await stack.trajectory(session_id)
+    await agent.call([*second, *answered(answer), {"role": "user", "content": "go on"}])
+    doc = await stack.trajectory(session_id, schema=3)
     check_nothing_lost(doc, agent)
     assert doc["num_segments"] == 2

@@ -22,13 +22,24 @@ def echo(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def answered(message: dict[str, Any], result: str = "ok") -> list[dict[str, Any]]:
+    """`echo(message)` and a tool result for each of its calls: what an agent
+    appends before its next user message (no call may be left unanswered)."""
+    calls = message.get("tool_calls") or []
+    return [
+        echo(message),
+        *({"role": "tool", "tool_call_id": c["id"], "content": result} for c in calls),
+    ]
+
+
 def sampled(answer: dict[str, Any]) -> tuple[list[int], list[float]]:
     entries = answer["choices"][0]["meta_info"]["output_token_logprobs"]
     return [e[1] for e in entries], [e[0] for e in entries]
 
 
 def check_document(doc: dict[str, Any]) -> None:
-    """Schema rules of docs/training.md (the export document) that hold for every document."""
+    """Schema rules of docs/training.md (the export document) that hold for
+    every segment, and so for v1's document (``?schema=1``, the last segment)."""
     n = len(doc["token_ids"])
     assert n == len(doc["loss_mask"]) == len(doc["logprobs"])
     position = 0
@@ -219,7 +230,8 @@ async def test_delete_mid_turn_cancels_upstream_and_returns_trajectory_without_i
     assert closed.status_code == 200
     doc = closed.json()
     assert doc["status"] == "closed" and doc["closed_at"] is not None
-    assert doc["turns"] == [] and doc["token_ids"] == []
+    (segment,) = doc["segments"]
+    assert segment["turns"] == [] and segment["token_ids"] == []
     await stack.emulator.wait_for_cancelled(1)
     assert turn_response[0].status_code == 404
     assert turn_response[0].json()["error"]["code"] == "session_closing"
