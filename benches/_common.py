@@ -144,6 +144,11 @@ class Child:
             return math.nan, math.nan
         return values.get("VmRSS", math.nan), values.get("VmHWM", math.nan)
 
+    def reset_peak_memory(self) -> None:
+        """Make the peak RSS (VmHWM) the current RSS, so a later
+        `memory_mib` peak is what happened since (Linux ``clear_refs``)."""
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+
     def sample(self) -> CpuSample:
         return CpuSample(self.cpu_s(), time.perf_counter())
 

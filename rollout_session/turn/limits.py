@@ -1,42 +1,20 @@
 """A turn's token limits: the model's context and ``--max-session-tokens``.
 
-Two checks, both pure. `check_prompt_floor` runs before any render: a lower
-bound on the prompt's tokens from the messages' text, so an oversize body is
-refused in the time it takes to parse it, not to render and tokenise it.
-`completion_budget` runs on the planned prompt: it refuses what cannot fit
-and returns the ``max_tokens`` the worker must be sent so that the session
-cap is hard.
+Two checks. `PromptRoom` is the most prompt tokens a request may bring: the
+plan tokenises its new text within it (`prompt.bounded`), so an oversize
+body is refused after tokenising about the room's worth of it, not all of
+it. `completion_budget` runs on the planned prompt: it refuses what cannot
+fit and returns the ``max_tokens`` the worker must be sent so that the
+session cap is hard.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..errors import ContextLengthExceeded
-from ..prompt.messages import Message
 
-__all__ = ["FLOOR_ROLES", "check_prompt_floor", "completion_budget"]
-
-# Roles whose content every template renders, whole: assistant content may be
-# cut (Qwen3 drops a past answer's <think> part), system content moved or
-# merged. Counted after strip(): templates may trim surrounding whitespace.
-FLOOR_ROLES = frozenset({"user", "tool"})
-
-
-def prompt_floor(messages: Iterable[Message], max_token_bytes: int) -> int:
-    """Fewer tokens than this cannot hold `messages`' user and tool text.
-
-    No token covers more than `max_token_bytes` bytes of text (the longest
-    token in the vocabulary, measured in UTF-8, which over-counts byte-level
-    and SentencePiece tokens alike); the factor 2 leaves room for a
-    tokenizer's normaliser shortening text (NFKC ligatures).
-    """
-    text = sum(
-        len(m["content"].strip().encode("utf-8"))
-        for m in messages
-        if m["role"] in FLOOR_ROLES and isinstance(m.get("content"), str)
-    )
-    return text // (2 * max_token_bytes)
+__all__ = ["PromptRoom", "completion_budget", "prompt_room"]
 
 
 def _limits(context_length: int | None, session_cap: int | None) -> list[tuple[int, str]]:
@@ -47,33 +25,35 @@ def _limits(context_length: int | None, session_cap: int | None) -> list[tuple[i
     return [(limit, what) for limit, what in named if limit is not None]
 
 
-def check_prompt_floor(
-    messages: Iterable[Message],
-    max_tokens: int | None,
-    *,
-    max_token_bytes: int,
-    context_length: int | None,
-    session_cap: int | None,
-    body_bytes: int,
-) -> None:
-    """Refuse, before rendering, messages that cannot fit a limit.
+@dataclass(frozen=True, slots=True)
+class PromptRoom:
+    """The most prompt tokens a request may have: its smallest limit less
+    its ``max_tokens`` (1 when it has none: one token must fit)."""
 
-    `body_bytes`, the size of the JSON body that carried `messages`, bounds
-    their text from above: a body too small to be refused is not measured
-    (measuring is O(history), every turn).
-    """
+    tokens: int
+    limit: int
+    what: str  # which limit, for the refusal
+    max_tokens: int
+
+    def refused(self, at_least: int) -> ContextLengthExceeded:
+        """The refusal of a prompt holding at least `at_least` tokens."""
+        return ContextLengthExceeded(
+            f"the prompt holds at least {at_least} tokens; with max_tokens "
+            f"{self.max_tokens} that exceeds {self.what} of {self.limit} tokens",
+            param="messages",
+        )
+
+
+def prompt_room(
+    max_tokens: int | None, *, context_length: int | None, session_cap: int | None
+) -> PromptRoom | None:
+    """The request's `PromptRoom`, or None when no limit is known."""
     limits = _limits(context_length, session_cap)
-    smallest = min((limit for limit, _ in limits), default=None)
-    if smallest is None or body_bytes // (2 * max_token_bytes) + (max_tokens or 1) <= smallest:
-        return
-    floor = prompt_floor(messages, max_token_bytes)
-    for limit, what in limits:
-        if floor + (max_tokens or 1) > limit:
-            raise ContextLengthExceeded(
-                f"the messages hold at least {floor} tokens of user and tool text; with "
-                f"max_tokens {max_tokens or 1} that exceeds {what} of {limit} tokens",
-                param="messages",
-            )
+    if not limits:
+        return None
+    limit, what = min(limits)
+    wanted = max_tokens or 1
+    return PromptRoom(max(limit - wanted, 0), limit, what, wanted)
 
 
 def completion_budget(

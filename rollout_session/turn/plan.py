@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidRequest, InvariantViolated, TooManySegments, TrajectoryDiverged
+from ..prompt.bounded import PromptTooLong
 from ..prompt.junction import STOPPED, continuation, shared_prefix
 from ..prompt.messages import Message
 from ..prompt.tokenizer import ChatTokenizer
@@ -24,6 +25,7 @@ from ..session.segments import Branch, Divergence, OnDivergence, PromptMode, Rol
 from ..session.session import Session
 from ..session.trajectory import Turn
 from .interrupted import OnAbort
+from .limits import PromptRoom
 from .request import ChatRequest
 
 __all__ = ["TurnPolicy", "plan_turn"]
@@ -58,11 +60,45 @@ def _diverged_roles(new: list[Message], allowed: frozenset[str], offset: int) ->
 
 
 def plan_turn(
-    session: Session, request: ChatRequest, tokenizer: ChatTokenizer, policy: TurnPolicy
+    session: Session,
+    request: ChatRequest,
+    tokenizer: ChatTokenizer,
+    policy: TurnPolicy,
+    room: PromptRoom | None = None,
 ) -> TurnPlan:
     """Decide how the request continues the session and build the prompt ids
     (no mutation): extend the current segment, replace its last turn (a
-    retry), roll back (--on-divergence rollback) or start a new segment."""
+    retry), roll back (--on-divergence rollback) or start a new segment.
+    A prompt that cannot fit `room` is refused having tokenised about the
+    room's worth of the request's new text, however long it is."""
+    try:
+        return _plan(session, request, _Prompter(tokenizer, room), policy)
+    except PromptTooLong as exc:
+        if room is None:  # not raised: nothing was bounded
+            raise
+        raise room.refused(exc.at_least) from None
+
+
+@dataclass(frozen=True, slots=True)
+class _Prompter:
+    """The tokenizer, and the room the plan's prompt must fit."""
+
+    tok: ChatTokenizer
+    room: PromptRoom | None
+
+    def most(self, base: int) -> int | None:
+        """Tokens the text rendered after `base` kept ids may hold."""
+        return None if self.room is None else self.room.tokens - base
+
+    def first_turn(self, request: ChatRequest, kwargs: dict[str, Any]) -> list[int]:
+        return self.tok.first_turn(
+            request.messages, tools=request.tools, kwargs=kwargs, most=self.most(0)
+        )
+
+
+def _plan(
+    session: Session, request: ChatRequest, prompter: _Prompter, policy: TurnPolicy
+) -> TurnPlan:
     trajectory = session.trajectory
     problem = trajectory.check()
     if problem is not None:
@@ -70,7 +106,7 @@ def plan_turn(
     kwargs = {**policy.chat_template_kwargs, **request.chat_template_kwargs}
     turns = trajectory.turns
     if not turns:  # the session's first turn
-        return _from_scratch(request, tokenizer, kwargs)
+        return _from_scratch(request, prompter, kwargs)
     incoming = request.messages
     stored = session.conversation
     # The tools are part of the first rendered prompt: changing them is a
@@ -83,7 +119,7 @@ def plan_turn(
             )
         bad = _diverged_roles(incoming[shared:], policy.append_roles, shared)
         if bad is None:
-            return _continue(session, request, tokenizer, policy, kwargs, len(turns), None)
+            return _continue(session, request, prompter, policy, kwargs, len(turns), None)
         if policy.on_divergence is not OnDivergence.SEGMENT:
             raise InvalidRequest(
                 f"messages[{bad}] has role {incoming[bad]['role']!r}; after the assistant's "
@@ -91,16 +127,16 @@ def plan_turn(
                 param=f"messages[{bad}].role",
             )
         return _new_segment(
-            session, request, tokenizer, policy, kwargs, Divergence.APPENDED_ROLE, bad
+            session, request, prompter, policy, kwargs, Divergence.APPENDED_ROLE, bad
         )
     reason = _divergence(session, request, shared)
     segment = len(session.earlier)
     if reason is Divergence.RETRY:
         keep = len(turns) - 1
         rollback = Rollback(reason, segment, keep, 1, _sampled_after(turns, keep), shared)
-        return _continue(session, request, tokenizer, policy, kwargs, keep, rollback)
+        return _continue(session, request, prompter, policy, kwargs, keep, rollback)
     if policy.on_divergence is OnDivergence.SEGMENT:
-        return _new_segment(session, request, tokenizer, policy, kwargs, reason, shared)
+        return _new_segment(session, request, prompter, policy, kwargs, reason, shared)
     if policy.on_divergence is OnDivergence.ERROR:
         raise TrajectoryDiverged(
             f"messages diverge from the session's history at message {shared} "
@@ -128,7 +164,7 @@ def plan_turn(
                 param="messages",
             )
     rollback = Rollback(reason, segment, keep, dropped, _sampled_after(turns, keep), shared)
-    return _continue(session, request, tokenizer, policy, kwargs, keep, rollback)
+    return _continue(session, request, prompter, policy, kwargs, keep, rollback)
 
 
 def _sampled_after(turns: list[Turn], keep: int) -> int:
@@ -138,7 +174,7 @@ def _sampled_after(turns: list[Turn], keep: int) -> int:
 
 def _from_scratch(
     request: ChatRequest,
-    tokenizer: ChatTokenizer,
+    prompter: _Prompter,
     kwargs: dict[str, Any],
     *,
     rollback: Rollback | None = None,
@@ -148,7 +184,7 @@ def _from_scratch(
     """A turn whose prompt is the template's render of the whole request: a
     session's first, a new segment's first, or a replaced first turn."""
     if prompt is None:
-        prompt = tokenizer.first_turn(request.messages, tools=request.tools, kwargs=kwargs)
+        prompt = prompter.first_turn(request, kwargs)
     return TurnPlan(
         0,
         request.messages,
@@ -164,7 +200,7 @@ def _from_scratch(
 def _new_segment(
     session: Session,
     request: ChatRequest,
-    tokenizer: ChatTokenizer,
+    prompter: _Prompter,
     policy: TurnPolicy,
     kwargs: dict[str, Any],
     reason: Divergence,
@@ -181,13 +217,13 @@ def _new_segment(
             param="messages",
         )
     branch = Branch(reason, segment, message)
-    return _from_scratch(request, tokenizer, kwargs, branch=branch, prompt=prompt)
+    return _from_scratch(request, prompter, kwargs, branch=branch, prompt=prompt)
 
 
 def _continue(
     session: Session,
     request: ChatRequest,
-    tokenizer: ChatTokenizer,
+    prompter: _Prompter,
     policy: TurnPolicy,
     kwargs: dict[str, Any],
     keep: int,
@@ -196,24 +232,29 @@ def _continue(
     """Keep `keep` turns of the current segment and append the request's
     messages after them."""
     if keep == 0:
-        return _from_scratch(request, tokenizer, kwargs, rollback=rollback)
+        return _from_scratch(request, prompter, kwargs, rollback=rollback)
     trajectory = session.trajectory
     if policy.prompt_mode is PromptMode.RENDER:
-        return _rendered(session, request, tokenizer, policy, kwargs, keep, rollback)
+        return _rendered(session, request, prompter, policy, kwargs, keep, rollback)
     last = trajectory.turns[keep - 1]
-    junction = tokenizer.junction(
-        session.conversation.message(last.messages_end - 1),
-        request.messages[last.messages_end :],
-        tools=request.tools,
-        kwargs=kwargs,
-    )
+    base = trajectory.length_after(keep)
+    try:
+        junction = prompter.tok.junction(
+            session.conversation.message(last.messages_end - 1),
+            request.messages[last.messages_end :],
+            tools=request.tools,
+            kwargs=kwargs,
+            most=prompter.most(base),
+        )
+    except PromptTooLong as exc:
+        raise PromptTooLong(base + exc.at_least) from None
     prompt = continuation(
         trajectory.sampled_ids(keep - 1),
         junction,
         stopped=last.finish_reason in STOPPED,
-        special_ids=tokenizer.special_ids,
+        special_ids=prompter.tok.special_ids,
     )
-    input_ids = trajectory.tokens.prefix_ids(trajectory.length_after(keep), prompt)
+    input_ids = trajectory.tokens.prefix_ids(base, prompt)
     return TurnPlan(
         keep,
         request.messages,
@@ -229,7 +270,7 @@ def _continue(
 def _rendered(
     session: Session,
     request: ChatRequest,
-    tokenizer: ChatTokenizer,
+    prompter: _Prompter,
     policy: TurnPolicy,
     kwargs: dict[str, Any],
     keep: int,
@@ -238,7 +279,7 @@ def _rendered(
     """--prompt-mode render: the whole request rendered; it continues the
     kept turns only if it starts with their ids exactly."""
     trajectory = session.trajectory
-    full = tokenizer.first_turn(request.messages, tools=request.tools, kwargs=kwargs)
+    full = prompter.first_turn(request, kwargs)
     base = trajectory.length_after(keep)
     input_ids = np.asarray(full, np.int32)
     kept_ids = trajectory.tokens.prefix_ids(base)
@@ -271,7 +312,7 @@ def _rendered(
             param="messages",
         )
     return _new_segment(
-        session, request, tokenizer, policy, kwargs, Divergence.RENDERED_DIFFERENTLY, message, full
+        session, request, prompter, policy, kwargs, Divergence.RENDERED_DIFFERENTLY, message, full
     )
 
 

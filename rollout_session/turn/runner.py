@@ -42,7 +42,7 @@ from ..session.session import Session, TurnSlot
 from ..session.store import SessionStore
 from ..session.trajectory import Continuation, Turn
 from .interrupted import Interruption, OnAbort, relabel
-from .limits import check_prompt_floor, completion_budget
+from .limits import PromptRoom, completion_budget, prompt_room
 from .metrics import TurnMetrics
 from .offload import Offload
 from .pause import PauseGate
@@ -149,8 +149,16 @@ class TurnRunner:
         committed (Anthropic's count_tokens). Synchronous, on the loop: the
         session does not change while it is read (commits run on the loop)."""
         session = self.store.registry.get(session_id)
-        plan = plan_turn(session, decode(session), self.tokenizer, self.policy)
+        request = decode(session)
+        plan = plan_turn(session, request, self.tokenizer, self.policy, self._room(request))
         return len(plan.input_ids)
+
+    def _room(self, request: ChatRequest) -> PromptRoom | None:
+        return prompt_room(
+            request.max_tokens,
+            context_length=self.model.context_length,
+            session_cap=self.policy.max_session_tokens,
+        )
 
     async def _admitted(self, session_id: str, body: bytes, decode: Decode | None) -> TurnOutcome:
         store = self.store
@@ -173,19 +181,17 @@ class TurnRunner:
             request = await offload.run(len(body), parse_chat_request, body)
         else:
             request = await offload.run(len(body), decode, session)
-        check_prompt_floor(
-            request.messages,
-            request.max_tokens,
-            max_token_bytes=self.tokenizer.max_token_bytes,
-            context_length=model.context_length,
-            session_cap=policy.max_session_tokens,
-            body_bytes=len(body),
-        )
         # Tokenising costs far more per byte than parsing: weighed so that a
         # body carrying long new text is planned on a thread, where the
         # tokenizer releases the GIL.
         plan = await offload.run(
-            len(body) * _TOKENIZE_WEIGHT, plan_turn, session, request, self.tokenizer, policy
+            len(body) * _TOKENIZE_WEIGHT,
+            plan_turn,
+            session,
+            request,
+            self.tokenizer,
+            policy,
+            self._room(request),
         )
         budget = completion_budget(
             len(plan.input_ids),

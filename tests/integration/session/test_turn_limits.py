@@ -1,5 +1,5 @@
 """Token limits end to end: the session cap is hard, and a prompt that cannot
-fit is refused before it is rendered."""
+fit is refused having tokenised about the room's worth of it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from rollout_session.prompt.bounded import PIECE_CHARS
 from rollout_session.testing.emulator import EmulatorConfig
 from tests.conftest import StackFactory
 
@@ -36,23 +37,36 @@ async def test_the_session_cap_holds_without_max_tokens(make_stack: StackFactory
 @pytest.mark.parametrize(
     "limit", [{"context_length": 4096}, {"max_session_tokens": 4096}], ids=["context", "cap"]
 )
-async def test_an_oversize_prompt_is_refused_before_it_is_rendered(
-    make_stack: StackFactory, monkeypatch: pytest.MonkeyPatch, limit: dict[str, int]
+@pytest.mark.parametrize("turn", ["first", "later"], ids=["first", "later"])
+async def test_an_oversize_prompt_is_refused_for_the_cost_of_its_room(
+    make_stack: StackFactory, monkeypatch: pytest.MonkeyPatch, limit: dict[str, int], turn: str
 ) -> None:
+    """8 MiB of text, whatever the vocabulary far over 4,096 tokens, in a
+    first turn's user message or a later turn's tool result: refused after
+    tokenising a few pieces of it (`prompt.bounded`), nothing committed."""
     stack = await make_stack(**limit)
     session_id = await stack.create()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Read the file."}]
+    if turn == "later":
+        response = await stack.chat(session_id, messages=messages)
+        assert response.status_code == 200, response.text
+        messages.append(response.json()["choices"][0]["message"])
+    before = (await stack.trajectory(session_id))["token_ids"]
     tokenizer = stack.ctx.ready_tokenizer
+    encode, tokenised = tokenizer.encode, []
 
-    def never(*args: object, **kwargs: object) -> list[int]:
-        raise AssertionError("an oversize prompt was rendered")
+    def counting(text: str) -> list[int]:
+        tokenised.append(len(text))
+        return encode(text)
 
-    monkeypatch.setattr(tokenizer, "first_turn", never)
-    # 8 MiB of words: far over 4,096 tokens whatever the vocabulary.
+    monkeypatch.setattr(tokenizer, "encode", counting)
     text = "lorem ipsum dolor sit amet " * (8 * 2**20 // 27)
-    response = await stack.chat(session_id, messages=[{"role": "user", "content": text}])
+    messages.append({"role": "user", "content": text})
+    response = await stack.chat(session_id, messages=messages)
     assert response.status_code == 400, response.text[:300]
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
     assert "at least" in error["message"]
-    assert stack.emulator.received == 0
-    assert (await stack.trajectory(session_id))["token_ids"] == []
+    assert sum(tokenised) <= 2 * PIECE_CHARS < len(text) // 50
+    assert stack.emulator.received == (turn == "later")
+    assert (await stack.trajectory(session_id))["token_ids"] == before

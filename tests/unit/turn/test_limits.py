@@ -1,32 +1,19 @@
-"""A turn's token limits: the render-free prompt floor is a true lower bound,
-and the completion budget makes the session cap hard."""
+"""A turn's token limits: the room a prompt may fill, refused within it on
+every family's template, and the completion budget that makes the session
+cap hard."""
 
 from __future__ import annotations
 
-import functools
+import random
 from typing import Any
 
-import orjson
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from rollout_session.errors import ContextLengthExceeded
-from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.turn.limits import check_prompt_floor, completion_budget, prompt_floor
+from rollout_session.prompt import bounded
+from rollout_session.prompt.bounded import PromptTooLong
+from rollout_session.turn.limits import PromptRoom, completion_budget, prompt_room
 from tests.families import FAMILIES, family_tokenizer
-
-
-@functools.cache
-def worst_text() -> str:
-    """The bundled vocabulary's longest tokens, decoded and repeated: the text
-    that packs the most bytes into each token, the bound's worst case (framed,
-    so that strip() keeps them even if they are whitespace)."""
-    tok: ChatTokenizer = family_tokenizer("qwen3")  # the families share the vocabulary
-    pieces = tok.decode_pieces(range(tok.vocab_size))
-    longest = sorted((p for p in pieces if "\ufffd" not in p), key=len)[-8:]
-    return "x" + "".join(longest) * 200 + "x"
-
 
 CALL = {
     "id": "a1b2c3d4e",  # Mistral's templates want 9 alphanumerics
@@ -35,82 +22,61 @@ CALL = {
 }
 
 
-def conversation(text: str) -> list[dict[str, Any]]:
-    return [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": text},
-        {"role": "assistant", "content": "", "tool_calls": [CALL]},
-        {"role": "tool", "tool_call_id": CALL["id"], "content": text[: len(text) // 2]},
-        {"role": "assistant", "content": "done"},
-        {"role": "user", "content": f"  {text}\n\n"},
-    ]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_the_floor_never_exceeds_the_rendered_prompt(family: str) -> None:
-    tok = family_tokenizer(family)
-    worst = worst_text()
-    for text in (worst, "=" * 5000, " " * 5000 + "x", "日本語のテキスト" * 300, "a" * 9000):
-        messages = conversation(text)
-        rendered = len(tok.first_turn(messages, tools=None, kwargs={}))
-        floor = prompt_floor(messages, tok.max_token_bytes)
-        assert floor <= rendered, (text[:20], floor, rendered)
-        if text is worst:
-            assert floor > 0
-
-
-@given(st.text(min_size=1, max_size=3000))
-def test_the_floor_is_a_lower_bound_on_any_text(text: str) -> None:
-    tok = family_tokenizer("qwen3")
-    messages = conversation(text)
-    rendered = len(tok.first_turn(messages, tools=None, kwargs={}))
-    assert prompt_floor(messages, tok.max_token_bytes) <= rendered
-
-
-def test_the_floor_counts_only_text_every_template_keeps_whole() -> None:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "s" * 10_000},  # may be moved or merged
-        {"role": "assistant", "content": "a" * 10_000},  # may be cut (<think>)
-        {"role": "user", "content": " " * 10_000},  # may be stripped
-        {"role": "user", "content": None},
-    ]
-    assert prompt_floor(messages, 4) == 0
-    assert prompt_floor([{"role": "tool", "content": "x" * 800}], 4) == 100
+def long_text(words: int) -> str:
+    rng = random.Random(words)
+    vocabulary = ("lorem", "ipsum", "x=1;", "日本語", "  ", "\n", "(a, b)", "über")
+    return " ".join(rng.choice(vocabulary) for _ in range(words))
 
 
 @pytest.mark.parametrize(
-    ("max_tokens", "context", "cap", "refused"),
+    ("max_tokens", "context", "cap", "room"),
     [
-        (None, 1000, None, False),
-        (50, 1000, None, False),
-        (50, 120, None, True),  # 100 + 50 > context
-        (None, 100, None, True),  # no room for one token
-        (None, None, 120, False),
-        (30, None, 120, True),  # explicit max_tokens over the cap
+        (None, None, None, None),
+        (None, 1000, None, PromptRoom(999, 1000, "the model's context", 1)),
+        (50, 1000, 800, PromptRoom(750, 800, "the session token cap (--max-session-tokens)", 50)),
+        (5000, 1000, None, PromptRoom(0, 1000, "the model's context", 5000)),
     ],
-    ids=["fits", "fits-max", "over-context", "no-room", "cap-fits", "over-cap"],
+    ids=["no-limit", "context", "cap-smaller", "max-tokens-over"],
 )
-def test_prompt_floor_refuses_what_cannot_fit(
-    max_tokens: int | None, context: int | None, cap: int | None, refused: bool
+def test_prompt_room(
+    max_tokens: int | None, context: int | None, cap: int | None, room: PromptRoom | None
 ) -> None:
-    # 800 bytes of user text at 4 bytes per token (x2 for normalisers): >= 100.
-    messages = [{"role": "user", "content": "x" * 800}]
+    assert prompt_room(max_tokens, context_length=context, session_cap=cap) == room
 
-    def check() -> None:
-        check_prompt_floor(
-            messages,
-            max_tokens,
-            max_token_bytes=4,
-            context_length=context,
-            session_cap=cap,
-            body_bytes=len(orjson.dumps({"messages": messages})),
-        )
 
-    if refused:
-        with pytest.raises(ContextLengthExceeded, match="at least 100 tokens"):
-            check()
-    else:
-        check()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prompt_is_refused_only_past_its_room(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """First turns and appended messages, each several pieces long: the
+    exact ids within the room, `PromptTooLong` well past it."""
+    monkeypatch.setattr(bounded, "PIECE_CHARS", 1024)
+    tok = family_tokenizer(family)
+    text = long_text(3_000)
+    first: list[dict[str, Any]] = [{"role": "user", "content": text}]
+    ids = tok.first_turn(first, tools=None, kwargs={})
+    assert tok.first_turn(first, tools=None, kwargs={}, most=len(ids)) == ids
+    with pytest.raises(PromptTooLong) as refused:
+        tok.first_turn(first, tools=None, kwargs={}, most=len(ids) // 2)
+    assert len(ids) // 2 < refused.value.at_least <= len(ids)
+    previous = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    appended = [{"role": "tool", "tool_call_id": CALL["id"], "content": text}]
+    junction = tok.junction(previous, appended, tools=None, kwargs={})
+    within = tok.junction(previous, appended, tools=None, kwargs={}, most=len(junction.ids))
+    assert within == junction
+    with pytest.raises(PromptTooLong):
+        tok.junction(previous, appended, tools=None, kwargs={}, most=len(junction.ids) // 2)
+
+
+def test_the_refusal_names_the_limit() -> None:
+    room = prompt_room(100, context_length=4096, session_cap=None)
+    assert room is not None
+    refusal = room.refused(5000)
+    assert isinstance(refusal, ContextLengthExceeded)
+    assert refusal.message == (
+        "the prompt holds at least 5000 tokens; with max_tokens 100 that exceeds the "
+        "model's context of 4096 tokens"
+    )
 
 
 @pytest.mark.parametrize(
@@ -155,15 +121,3 @@ def test_completion_budget(
             budget()
     else:
         assert budget() == expected
-
-
-def test_a_body_too_small_to_be_refused_is_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    def measured(*args: object) -> int:
-        raise AssertionError("the floor was measured")
-
-    monkeypatch.setattr("rollout_session.turn.limits.prompt_floor", measured)
-    messages = [{"role": "user", "content": "x" * 800}]
-    # 1,000 bytes at 4 bytes a token (x2): at most 125 tokens, under 4,096.
-    check_prompt_floor(
-        messages, 100, max_token_bytes=4, context_length=4096, session_cap=None, body_bytes=1000
-    )
