@@ -34,6 +34,7 @@ request's fault (400); any other template failure is ours (500, logged).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -45,9 +46,10 @@ import jinja2
 import orjson
 
 from ..errors import InvalidRequest, InvariantViolated, TemplateCannotExtend
-from .bounded import encode_within
+from .bounded import PromptTooLong, encode_within
 from .junction import Junction, terminator_length
 from .messages import Message
+from .prefix_cache import PrefixCache
 from .template_input import ArgumentStyle, probe_argument_style, template_messages
 
 __all__ = [
@@ -172,6 +174,9 @@ def _varied_calls(calls: Any) -> list[dict[str, Any]] | None:
     return varied if changed else None
 
 
+# The roles a shared head is made of (`ChatTokenizer._shared_prefix`).
+_LEAD_ROLES: Final = frozenset({"system", "developer"})
+
 # Texts at least this long are tokenised without holding the GIL (`encode`);
 # shorter ones take the call with less overhead.
 _GIL_FREE_CHARS = 16 * 1024
@@ -215,6 +220,8 @@ class ChatTokenizer:
         self.chat_template: str = self._plain.text
         # orjson of (tools, kwargs, tool calls) -> the context rendered as last turn.
         self._shapes: dict[bytes, _Shape] = {}
+        added = hf_tokenizer.added_tokens_decoder.values()
+        self.prefixes = PrefixCache(self.encode, ((t.content, t.special, t.rstrip) for t in added))
 
     def _choose(
         self, chat_template: str | None, name: str | None
@@ -370,9 +377,51 @@ class ChatTokenizer:
         most: int | None = None,
     ) -> list[int]:
         """The whole request's prompt ids; `PromptTooLong` past `most` tokens
-        (`prompt.bounded`: refused for about the cost of `most` tokens)."""
+        (`prompt.bounded`: refused for about the cost of `most` tokens). The
+        ids of a head many sessions share come from `prefixes`."""
         text = self.render(messages, tools=tools, kwargs=kwargs, add_generation_prompt=True)
-        return encode_within(self.encode, text, most)
+        shared = self._shared_prefix(messages, tools, kwargs, text, most)
+        if shared is None:
+            return encode_within(self.encode, text, most)
+        prefix, prefix_ids = shared
+        room = None if most is None else most - len(prefix_ids)
+        try:
+            rest = encode_within(self.encode, text[len(prefix) :], room)
+        except PromptTooLong as exc:
+            raise PromptTooLong(len(prefix_ids) + exc.at_least) from None
+        prefix_ids.extend(rest)
+        return self.prefixes.checked(text, prefix_ids)
+
+    def _shared_prefix(
+        self,
+        messages: Sequence[Message],
+        tools: list[Any] | None,
+        kwargs: Mapping[str, Any],
+        text: str,
+        most: int | None,
+    ) -> tuple[str, list[int]] | None:
+        """The cached prefix of `text`: its leading system and developer
+        messages (with the tools and kwargs: the key) rendered alone."""
+        lead = list(itertools.takewhile(lambda m: m["role"] in _LEAD_ROLES, messages))
+        try:
+            key = orjson.dumps((tools or None, kwargs, lead))
+        except TypeError:  # not JSON (an embedding caller's kwargs): no caching
+            return None
+
+        def head() -> str | None:
+            template = self.template_for(tools)
+            try:
+                return self._apply(
+                    template_messages(lead, template.arguments),
+                    tools=tools,
+                    kwargs=kwargs,
+                    generation=False,
+                    template=template,
+                )
+            except Exception:  # e.g. a template that wants a user message: no entry
+                return None
+
+        return self.prefixes.lookup(key, text, head, most)
 
     def _context(self, previous: Message) -> list[Message]:
         assistant: Message = {"role": "assistant", "content": _SENTINEL}
