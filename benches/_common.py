@@ -543,6 +543,39 @@ class WorkerConversation:
         )
 
 
+def package_at(value: str) -> Path:
+    """``--compare-with``: a directory holding an exported ``rollout_session``
+    package, or a git revision (``main``, ``HEAD~1``, a commit; on a branch,
+    ``$(git merge-base HEAD main)`` is what the branch started from), exported
+    once to ``/tmp/rs-<commit>`` with ``git archive``: a before/after run in
+    one command."""
+    path = Path(value)
+    if path.is_dir():
+        return path.resolve()
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--verify", f"{value}^{{commit}}"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except subprocess.CalledProcessError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither a directory nor a git revision"
+        ) from None
+    target = Path(f"/tmp/rs-{commit[:12]}")
+    if not (target / "rollout_session").is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "archive", commit, "rollout_session"], cwd=repo, capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    print(f"--compare-with {value}: {commit[:12]}, exported at {target}", flush=True)
+    return target
+
+
 def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     """The command line of a benchmark script, its docstring as the help."""
     return argparse.ArgumentParser(

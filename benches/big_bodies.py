@@ -37,6 +37,7 @@ from _common import (
     health_probe,
     load_average,
     ms,
+    package_at,
     pct,
     server_command,
     table,
@@ -160,7 +161,9 @@ if __name__ == "__main__":
     parser = bench_parser(__doc__)
     parser.add_argument("--sizes", default="1,10,30", help="body sizes, MiB")
     parser.add_argument("--context-length", type=int, default=32768)
-    parser.add_argument("--compare-with", type=Path)
+    parser.add_argument(
+        "--compare-with", type=package_at, help="baseline: a package dir or a git revision"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="refusals per size, back to back")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import BENCHES, bench_parser, load_average, table, write_json
+from _common import BENCHES, bench_parser, load_average, package_at, table, write_json
 
 PYTHON = sys.executable
 
@@ -182,7 +182,9 @@ def main() -> None:
     parser.add_argument("--sampled", type=int, default=40, help="tokens sampled per turn")
     parser.add_argument("--message-chars", type=int, default=400, help="tool result size")
     parser.add_argument("--dir", type=Path, help="where to build (default: a temp dir)")
-    parser.add_argument("--compare-with", type=Path, help="baseline package directory")
+    parser.add_argument(
+        "--compare-with", type=package_at, help="baseline: a package dir or a git revision"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -74,6 +74,7 @@ from _common import (
     health_probe,
     load_average,
     ms,
+    package_at,
     pct,
     profile,
     pyplot,
@@ -587,7 +588,7 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--compare-with",
-        type=Path,
+        type=package_at,
         help="also run a server from the package exported at this dir (path server-before)",
     )
     parser.add_argument("--json", type=Path, help="write results here")

@@ -66,6 +66,7 @@ from _common import (
     emulator_command,
     load_average,
     ms,
+    package_at,
     pct,
     profile,
     pyplot,
@@ -411,7 +412,7 @@ if __name__ == "__main__":
     parser.add_argument("--profile", type=Path, help="py-spy the server into this dir")
     parser.add_argument(
         "--compare-with",
-        type=Path,
+        type=package_at,
         help="also run a server from the package exported at this dir (path server-before)",
     )
     parser.add_argument("--json", type=Path)
