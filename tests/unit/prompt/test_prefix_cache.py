@@ -135,6 +135,7 @@ def test_cuts_are_made_only_where_the_tokenizer_cannot_merge(
 def test_a_hit_that_differs_from_the_whole_is_caught(caplog: pytest.LogCaptureFixture) -> None:
     """Checked hits (every one here) fall back to the whole ids, loudly, and
     turn the cache off."""
+
     def encode(text: str) -> list[int]:
         return [len(text)]  # a "tokenizer" whose pieces never add up
 
