@@ -23,7 +23,13 @@ rollout_session | tar -x -C DIR``; put first on its ``PYTHONPATH``),
 alternating with the others: before/after numbers from the same run, under
 the same machine load.
 
-Reported per concurrency: p50/p99 latency per path; "added" = server −
+``--system-tokens N`` puts a system prompt of ~N tokens, the same in every
+session, before each first prompt (RL's shape: many episodes, one system
+prompt).
+
+Reported per concurrency: the server's throughput over the raw proxy's,
+paired per repeat (each pair ran back to back; median and range of the
+ratios); p50/p99 latency per path; "added" = server −
 direct-ids (the issue's added latency), the raw proxy's own added latency for
 comparison, and the in-server overhead paired per turn: agent-observed latency
 minus the server's own ``upstream_latency_s`` for that turn (from the
@@ -44,6 +50,7 @@ import functools
 import itertools
 import json
 import math
+import statistics
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -125,6 +132,9 @@ async def conversation(
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": first_prompt(args.prompt_tokens, index)}
     ]
+    if args.system_tokens:
+        # One system prompt every episode shares, as in RL.
+        messages.insert(0, {"role": "system", "content": first_prompt(args.system_tokens, 0)})
     for turn in range(args.turns):
         request: dict[str, Any] = {
             "messages": messages,
@@ -189,6 +199,14 @@ async def server_overheads(front: str, run: Run) -> list[float]:
     return [latency - upstream[(sid, i)] for sid, i, latency in run.turns if (sid, i) in upstream]
 
 
+def _paired(ours: list[float], raw: list[float]) -> str:
+    """Median and range of the per-repeat ratios (each pair ran back to back)."""
+    ratios = sorted(a / b for a, b in zip(ours, raw, strict=True))
+    if not ratios:
+        return ""
+    return f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})"
+
+
 async def measure(
     emulator: Child,
     raw: Child,
@@ -202,6 +220,8 @@ async def measure(
     emulator_cpu = dict.fromkeys(modes, 0.0)
     overhead: dict[str, list[float]] = {mode: [] for mode in servers}
     server_cpu = dict.fromkeys(servers, 0.0)
+    # Turns per second of each run, by mode: throughput paired per repeat.
+    throughput: dict[str, list[float]] = {mode: [] for mode in modes}
     errors: list[str] = []
     window = Window([emulator, raw, *servers.values()])
     for rep in range(args.repeats):
@@ -216,8 +236,10 @@ async def measure(
                 else None
             )
             before, before_server = emulator.cpu_s(), front.cpu_s()
+            started = time.perf_counter()
             async with profile(front if prof else None, prof, rate=400):
                 result = await run_once(front.url, mode, concurrency, args)
+            throughput[mode].append(len(result.latencies) / (time.perf_counter() - started))
             emulator_cpu[mode] += emulator.cpu_s() - before
             latencies[mode] += result.latencies
             errors += result.errors
@@ -243,11 +265,13 @@ async def measure(
         "server CPU ms/turn": ms(server_cpu["server"] / n["server"]),
         "emulator CPU ms/turn direct-ids": ms(emulator_cpu["direct-ids"] / n["direct-ids"]),
         "emulator CPU ms/turn via server": ms(emulator_cpu["server"] / n["server"]),
+        "server / raw throughput": _paired(throughput["server"], throughput["raw-ids"]),
         "foreign cores": usage["foreign_cores"],
         "errors": len(errors),
         "first error": errors[0] if errors else "",
     }
     if BEFORE in servers:
+        row["before / raw throughput"] = _paired(throughput[BEFORE], throughput["raw-ids"])
         earlier = latencies[BEFORE]
         row |= {
             "before server p50 ms": ms(pct(earlier, 50)),
@@ -279,6 +303,7 @@ _CPU_COLUMNS = [
     "server CPU ms/turn",
     "emulator CPU ms/turn direct-ids",
     "emulator CPU ms/turn via server",
+    "server / raw throughput",
     "foreign cores",
     "errors",
 ]
@@ -294,12 +319,15 @@ _BEFORE_COLUMNS = [
     "in-server p99 ms",
     "before server CPU ms/turn",
     "server CPU ms/turn",
+    "before / raw throughput",
+    "server / raw throughput",
 ]
 
 
 async def main(args: argparse.Namespace) -> None:
     print(
-        f"{load_average()}; prompt ~{args.prompt_tokens} tokens, {args.completion_tokens} "
+        f"{load_average()}; prompt ~{args.prompt_tokens} tokens (+ a shared system prompt "
+        f"of ~{args.system_tokens}), {args.completion_tokens} "
         f"completion tokens, {args.turns} turns/session, {args.chats} turns per run"
     )
     emulator_flags = ["--completion-tokens", str(args.completion_tokens), "--record-limit", "0"]
@@ -405,6 +433,9 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=4, help="turns per session")
     parser.add_argument("--repeats", type=int, default=2, help="direct/server alternations")
     parser.add_argument("--prompt-tokens", type=int, default=1000)
+    parser.add_argument(
+        "--system-tokens", type=int, default=0, help="a system prompt every session shares"
+    )
     parser.add_argument("--completion-tokens", type=int, default=256)
     parser.add_argument(
         "--server-flag", action="append", default=[], help="extra flag for `serve` (repeatable)"
