@@ -196,6 +196,20 @@ def _validation_error(message: str) -> Reply:
     return Reply(400, error_body(message, type_="Bad Request"))
 
 
+def _check_tool_schemas(tools: Sequence[dict[str, Any]]) -> None:
+    """SGLang's ``serving_chat._validate_request`` runs jsonschema's
+    ``Draft202012Validator.check_schema`` on each tool's ``parameters``: a
+    schema is an object or a boolean, anything else is a 400 (a boolean one
+    passes and fails later, in generation: a 500 here as there)."""
+    for i, tool in enumerate(tools):
+        parameters = tool["function"].get("parameters")
+        if parameters is not None and not isinstance(parameters, dict | bool):
+            raise BadRequest(
+                f"Tool {i} function has invalid 'parameters' schema: {parameters!r} is not "
+                "of type 'object', 'boolean'"
+            )
+
+
 def _session_of(body: dict[str, Any]) -> str | None:
     """SGLang's ``session_params.id``, or a plain ``session_id`` field."""
     params = body.get("session_params")
@@ -552,6 +566,7 @@ class Emulator:
             and all(isinstance(t["function"].get("name"), str) for t in tools)
         ):
             raise BadRequest("tools must be a list of {type: function, function: {name, ...}}")
+        _check_tool_schemas(tools or ())
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object")

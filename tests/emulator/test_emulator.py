@@ -405,6 +405,10 @@ async def test_prompt_over_context_length_is_sglang_400(serve: Serve) -> None:
     assert len(sampled(fits)[0]) <= 4
 
 
+# SGLang's _validate_request: jsonschema's check_schema refuses a string.
+BAD_SCHEMA = [{"type": "function", "function": {"name": "f", "parameters": "x"}}]
+
+
 @pytest.mark.parametrize(
     ("body", "headers"),
     [
@@ -418,11 +422,13 @@ async def test_prompt_over_context_length_is_sglang_400(serve: Serve) -> None:
         (orjson.dumps({"messages": [{"content": "no role"}]}), {}),
         (orjson.dumps({"messages": MESSAGES, "n": 2}), {}),
         (orjson.dumps({"messages": MESSAGES, "tools": TOOLS, "tool_choice": NOPE}), {}),
+        (orjson.dumps({"messages": MESSAGES, "tools": BAD_SCHEMA}), {}),
         (orjson.dumps({"messages": MESSAGES}), {FAULT_HEADER: "no_such_fault"}),
     ],
     ids=[
         "stream", "no-prompt", "not-an-object", "not-json", "bool-input-id", "input-id-oov",
-        "max-tokens-0", "message-without-role", "n-2", "unknown-named-tool", "unknown-fault",
+        "max-tokens-0", "message-without-role", "n-2", "unknown-named-tool",
+        "parameters-not-a-schema", "unknown-fault",
     ],
 )  # fmt: skip
 async def test_bad_requests_get_flat_400(
