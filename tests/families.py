@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from rollout_session.testing import (
     bundled_tokenizer_path,
     family_tokenizer_path,
 )
+from rollout_session.testing.tokenizer import built_once
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 _FACTS: dict[str, Any] = json.loads((TEMPLATES / "families.json").read_text("utf-8"))["families"]
@@ -127,19 +126,9 @@ def model_path(name: str) -> Path:
         + json.dumps([facts, templates], sort_keys=True).encode()
     ).hexdigest()[:16]
     final = Path(tempfile.gettempdir()) / f"rollout-session-model-{digest}"
-    if (final / "tokenizer_config.json").exists():
-        return final
-    scratch = Path(tempfile.mkdtemp(prefix="rollout-session-model-build-")) / "model"
-    try:
-        _build_more(scratch, facts, templates)
-        try:
-            os.rename(scratch, final)
-        except OSError:  # another process built it first
-            if not (final / "tokenizer_config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(scratch.parent, ignore_errors=True)
-    return final
+    return built_once(
+        final, "tokenizer_config.json", lambda target: _build_more(target, facts, templates)
+    )
 
 
 @functools.cache

@@ -27,7 +27,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -39,6 +39,7 @@ from rollout_session.prompt.builtin import BUILTIN_TEMPLATES, builtin_template
 __all__ = [
     "BUILTIN_TEMPLATES",
     "FamilyTokens",
+    "built_once",
     "builtin_template",
     "bundled_tokenizer_path",
     "family_tokenizer_path",
@@ -181,22 +182,25 @@ def _digest(template: str, tokens: FamilyTokens) -> str:
 
 def family_tokenizer_path(template: str, tokens: FamilyTokens) -> Path:
     """Directory of the bundled vocabulary with `template` and `tokens`, built
-    on first use.
-
-    Safe under concurrent callers (tests, emulator and server processes): each
-    builds into its own temporary directory and renames it into place; the
-    loser of the race discards its copy.
-    """
+    on first use (`built_once`: safe under concurrent tests, emulator and
+    server processes)."""
     final = Path(tempfile.gettempdir()) / f"rollout-session-tokenizer-{_digest(template, tokens)}"
-    if (final / "chat_template.jinja").exists():
+    return built_once(final, "chat_template.jinja", lambda target: _build(target, template, tokens))
+
+
+def built_once(final: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """`final`, built by `build` unless it holds `marker` already. Safe under
+    concurrent callers: each builds into its own temporary directory and
+    renames it into place; the loser of the race discards its copy."""
+    if (final / marker).exists():
         return final
-    scratch = Path(tempfile.mkdtemp(prefix="rollout-session-tokenizer-build-")) / "tok"
+    scratch = Path(tempfile.mkdtemp(prefix=f"{final.name}-build-")) / "dir"
     try:
-        _build(scratch, template, tokens)
+        build(scratch)
         try:
             os.rename(scratch, final)
-        except OSError:
-            if not (final / "chat_template.jinja").exists():
+        except OSError:  # another process built it first
+            if not (final / marker).exists():
                 raise
     finally:
         shutil.rmtree(scratch.parent, ignore_errors=True)
