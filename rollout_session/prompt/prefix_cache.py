@@ -132,9 +132,7 @@ class PrefixCache:
         entry = self._entries.get(key, _MISSING)
         if entry is _MISSING:
             entry = self._make(head(), most)
-            if entry is not None and len(entry.ids) > _MAX_PREFIX_TOKENS:
-                self._entries.pop(key, None)  # used once, not kept
-            else:
+            if entry is None or len(entry.ids) <= _MAX_PREFIX_TOKENS:  # else used once
                 if len(self._entries) >= _ENTRIES:
                     self._entries.clear()
                 self._entries[key] = entry
