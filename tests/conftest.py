@@ -30,6 +30,7 @@ from rollout_session.testing import (
     bundled_tokenizer_path,
     start_emulator,
 )
+from tests.loopback import TLS
 
 # Property-test budgets: "ci" (the suite's) and "long" (`scripts/fuzz`). Here,
 # not in a test module: `--hypothesis-profile` is applied when pytest is
@@ -45,7 +46,12 @@ settings.load_profile("ci")
 
 def agent_turn(base_url: str, api_key: str = "unused", content: str = "hello") -> str:
     """One turn as an agent's official SDK takes it (synchronous: run it on a thread)."""
-    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client = openai.OpenAI(
+        base_url=base_url,
+        api_key=api_key,
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(verify=TLS),
+    )
     try:
         answer = client.chat.completions.create(
             model="any", messages=[{"role": "user", "content": content}]
@@ -207,12 +213,12 @@ async def make_stack(
             for i in range(num_workers)
         ]
         app_settings = Settings(workers=tuple(w.url for w in workers), port=0, **settings)
-        app = create_app(app_settings, tokenizer=chat_tokenizers[template])
+        app = create_app(app_settings, tokenizer=chat_tokenizers[template], worker_tls=TLS)
         server = await start_server(nursery, app, max_connections=app_settings.max_connections)
         servers.append(server)
         key = settings.get("api_key")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        client = httpx.AsyncClient(base_url=server.url, timeout=30, headers=headers)
+        client = httpx.AsyncClient(base_url=server.url, timeout=30, headers=headers, verify=TLS)
         clients.append(client)
         return Stack(server.url, server_context(app), workers, client, server)
 

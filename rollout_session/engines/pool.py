@@ -4,6 +4,8 @@ dispatch, failover (docs/reliability.md#workers).
 Each worker has its own `WorkerClient` (keep-alive connections, at most
 ``upstream_max_connections`` in flight). Health probes use one separate small
 httpx client, so a saturated traffic pool never makes a live worker look dead.
+Both verify an ``https`` worker with one TLS context, the pool's: building
+one loads the CA bundle, which costs more CPU than a turn.
 
 A worker takes pins only while it is healthy, its circuit closed and it is
 not draining. Two independent judgements, each with its own state:
@@ -47,6 +49,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -76,6 +79,7 @@ from .upstream import (
     UpstreamReply,
     WorkerClient,
     post_chat,
+    transport_detail,
 )
 from .worker_urls import WorkerHosts, parse_worker_url, worker_url
 
@@ -196,7 +200,15 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, options: PoolOptions, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        options: PoolOptions,
+        clock: Callable[[], float] = time.time,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """`tls` verifies ``https`` workers; by default httpx's context
+        (certifi's CA bundle), built here once for every worker."""
         self._options = options
         self._clock = clock
         self._placement = make_placement(options.placement)
@@ -208,8 +220,10 @@ class WorkerPool:
         # trust_env=False: probes reach a worker the way its traffic does
         # (`WorkerClient` never reads HTTP(S)_PROXY), so a proxy in the
         # environment cannot make a worker look dead, or alive, to one only.
+        self._tls = tls if tls is not None else httpx.create_ssl_context(trust_env=False)
         self._probe_client = httpx.AsyncClient(
             trust_env=False,
+            verify=self._tls,
             timeout=options.health_timeout_s,
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=16),
         )
@@ -242,6 +256,7 @@ class WorkerPool:
             max_connections=options.upstream_max_connections,
             timeout_s=options.upstream_timeout_s,
             connect_timeout_s=options.connect_timeout_s,
+            tls=self._tls,
         )
         worker = self.workers[url] = Worker(url=url, client=client)
         if self._nursery is not None and self.served is not None:
@@ -363,7 +378,7 @@ class WorkerPool:
             ) as response:
                 status = response.status_code
         except httpx.HTTPError as exc:
-            self._control_failed(url, call, f"{type(exc).__name__}: {exc}")
+            self._control_failed(url, call, transport_detail(exc))
             return
         if not 200 <= status < 300:
             self._control_failed(url, call, f"answered {status}")
@@ -574,7 +589,7 @@ class WorkerPool:
                 worker.url + path, content=body, headers={"content-type": "application/json"}
             )
         except httpx.HTTPError as exc:
-            problem = f"{type(exc).__name__}: {exc}"
+            problem = transport_detail(exc)
         else:
             if response.status_code == 200:
                 return
@@ -784,7 +799,7 @@ class WorkerPool:
         except trio.TooSlowError:
             return f"GET /health: no answer within {timeout:g} s"
         except httpx.HTTPError as exc:
-            return f"GET /health: {type(exc).__name__}: {exc}"
+            return f"GET /health: {transport_detail(exc)}"
         return None if status == 200 else f"GET /health answered {status}"
 
     async def _probe(self, worker: Worker) -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "get_json",
     "post_chat",
     "routed_worker",
+    "transport_detail",
 ]
 
 logger = logging.getLogger("rollout_session")
@@ -95,6 +96,23 @@ TRANSPORT_ERRORS = (
     httpcore.ProxyError,
     httpcore.UnsupportedProtocol,
 )
+
+
+def transport_detail(exc: BaseException) -> str:
+    """``Type: message`` for a log line or a worker's ``last_error``. An
+    error with no message of its own (httpcore's ConnectError for a refused
+    TLS certificate, raised from trio's BrokenResourceError) names the
+    innermost cause that has one: an operator must read *why*."""
+    if str(exc):
+        return f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__ or exc.__context__
+    for _ in range(8):  # a chain, not a loop: bounded all the same
+        if cause is None:
+            break
+        if str(cause):
+            return f"{type(exc).__name__} ({type(cause).__name__}: {cause})"
+        cause = cause.__cause__ or cause.__context__
+    return type(exc).__name__
 
 
 # httpcore reads 64 KiB at a time: a large answer is many reads, each a
@@ -215,7 +233,10 @@ class WorkerClient:
         timeout_s: float,
         connect_timeout_s: float,
         keepalive_expiry_s: float = 5.0,  # httpx's default
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """`tls` verifies an ``https`` worker; without it httpcore builds a
+        context (loading the CA bundle) for every new connection."""
         self.base_url = base_url.rstrip("/")
         self._origin = httpcore.URL(self.base_url).origin
         # What httpcore's `request` would send (the port only when not the default).
@@ -234,6 +255,7 @@ class WorkerClient:
                 "pool": timeout_s,
             }
         }
+        self._tls = tls
         self._backend = _LargeReadBackend()
         self._slots = trio.Semaphore(max_connections)
         self._idle: deque[httpcore.AsyncHTTPConnection] = deque()
@@ -298,6 +320,7 @@ class WorkerClient:
             self._origin,
             keepalive_expiry=self._keepalive_expiry_s,
             network_backend=self._backend,
+            ssl_context=self._tls,
         )
 
     async def _checkin(self, connection: httpcore.AsyncHTTPConnection) -> None:
@@ -432,13 +455,13 @@ async def post_chat(
         with trio.fail_after(timeout_s):
             response = await client.request(b"POST", path, headers, payload, max_bytes=max_bytes)
     except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-        logger.warning("cannot connect to worker %s: %s: %s", url, type(exc).__name__, exc)
+        logger.warning("cannot connect to worker %s: %s", url, transport_detail(exc))
         raise NotSent(f"cannot connect to the worker: {type(exc).__name__}") from None
     except (trio.TooSlowError, httpcore.TimeoutException):
         logger.warning("worker %s did not answer within %g s", url, timeout_s)
         raise UpstreamTimeout(f"the worker did not answer within {timeout_s:g} s") from None
     except TRANSPORT_ERRORS as exc:
-        logger.warning("transport error talking to worker %s: %s: %s", url, type(exc).__name__, exc)
+        logger.warning("transport error talking to worker %s: %s", url, transport_detail(exc))
         raise UpstreamError(
             f"transport error talking to the worker: {type(exc).__name__}"
         ) from None

@@ -11,6 +11,7 @@ raise with the edge's `error_response`.
 from __future__ import annotations
 
 import logging
+import ssl
 
 import trio
 from hypercorn.typing import ASGIFramework
@@ -70,8 +71,15 @@ def server_context(app: QuartTrio) -> ServerContext:
     return ctx
 
 
-def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) -> QuartTrio:
-    """Build the app. `tokenizer` skips loading one at startup (embedding, tests)."""
+def create_app(
+    settings: Settings,
+    *,
+    tokenizer: ChatTokenizer | None = None,
+    worker_tls: ssl.SSLContext | None = None,
+) -> QuartTrio:
+    """Build the app. `tokenizer` skips loading one at startup (embedding,
+    tests); `worker_tls` verifies ``https`` workers instead of httpx's
+    default context (a private CA; tests share one across apps)."""
     # No static folder: the inspector serves its own assets (`routes/inspector.py`).
     app = QuartTrio("rollout_session", static_folder=None)
     # Quart's defaults (16 MiB body, 60 s response timeout) silently cut long
@@ -83,7 +91,7 @@ def create_app(settings: Settings, *, tokenizer: ChatTokenizer | None = None) ->
         BODY_TIMEOUT=None,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-    pool = WorkerPool(settings.pool_options())
+    pool = WorkerPool(settings.pool_options(), tls=worker_tls)
     for url in settings.workers:
         pool.add(url)
     offload = Offload(

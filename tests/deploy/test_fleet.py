@@ -31,6 +31,7 @@ from rollout_session.testing import EmulatorConfig, TextModel
 from rollout_session.testing.processes import start_listening
 from tests.conftest import agent_turn, spawn_worker
 from tests.integration.raw_http import RawConnection
+from tests.loopback import TLS
 
 _READY = re.compile(r"^rollout-session fleet of 3 shards: (.+)$")
 _PID = re.compile(r"^\[shard (\d)\] pid (\d+) for ")
@@ -110,7 +111,7 @@ async def test_create_through_any_shard_agents_on_owner_collect_through_any(
     fleet: FleetProcess,
 ) -> None:
     urls = fleet.urls
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as http:
         created = []
         for i in range(6):
             answer = await http.post(f"{urls[i % 3]}/sessions", json={"metadata": {"i": i}})
@@ -142,7 +143,7 @@ async def test_create_through_any_shard_agents_on_owner_collect_through_any(
 
 async def test_fleet_wide_health_sessions_workers_metrics(fleet: FleetProcess) -> None:
     urls = fleet.urls
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as http:
         ids = [(await http.post(f"{urls[0]}/sessions")).json()["session_id"] for _ in range(5)]
         health = (await http.get(f"{urls[2]}/health?fleet=1")).json()
         assert health["status"] == "ok"
@@ -172,7 +173,7 @@ async def test_fleet_wide_health_sessions_workers_metrics(fleet: FleetProcess) -
 async def test_worker_changes_apply_to_every_shard(fleet: FleetProcess) -> None:
     urls = fleet.urls
     worker = "http://127.0.0.1:9"  # never admitted: stays joining
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as http:
         added = await http.post(f"{urls[1]}/workers", json={"url": worker})
         assert added.status_code == 201, added.text
         assert [s["status"] for s in added.json()["fleet"]] == [201, 201, 201]
@@ -198,7 +199,7 @@ async def test_a_killed_shard_fails_clearly_and_restarts_from_its_journal(
 ) -> None:
     urls = fleet.urls
     victim = urls[1]
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as http:
         sessions: dict[str, list[str]] = {url: [] for url in urls}
         i = 0
         while min(len(v) for v in sessions.values()) < 2:
@@ -266,7 +267,7 @@ async def in_process_fleet(
         for i, sock in enumerate(sockets):
             fleet = (*urls, *(extra or {}).get(i, ()))
             own = Settings(workers=(worker.url,), fleet=fleet, shard=i, **settings)
-            app = create_app(own, tokenizer=template)
+            app = create_app(own, tokenizer=template, worker_tls=TLS)
             servers.append(await start_server(nursery, app, bind=[f"fd://{sock.detach()}"]))
         return urls
 
@@ -279,7 +280,7 @@ async def test_a_null_id_is_drawn_for_the_fleet(
     in_process_fleet: InProcessFleet,
 ) -> None:
     urls = await in_process_fleet(2)
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as http:
         for _ in range(6):
             created = (await http.post(f"{urls[0]}/sessions", json={"session_id": None})).json()
             owner = rendezvous_owner(urls, created["session_id"])
@@ -300,7 +301,7 @@ async def test_shards_that_disagree_on_the_fleet_refuse_rather_than_loop(
         if rendezvous_owner(urls, f"d{i}") == urls[1]
         and rendezvous_owner((*urls, elsewhere), f"d{i}") == elsewhere
     )
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as http:
         refused = await http.post(f"{urls[0]}/sessions", json={"session_id": session_id})
     assert refused.status_code == 500
     assert "fleet misconfigured" in refused.json()["error"]["message"]
@@ -317,7 +318,7 @@ async def test_keys_across_the_fleet(
     trainer = {"Authorization": "Bearer trainer"}
     operator = {"Authorization": "Bearer operator"}
     session_id = next(f"k{i}" for i in range(100) if rendezvous_owner(urls, f"k{i}") == urls[1])
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as http:
         refused = await http.post(f"{urls[0]}/sessions", json={"session_id": session_id})
         assert refused.status_code == 401
         created = await http.post(
@@ -371,15 +372,15 @@ async def test_a_shard_warns_of_restored_sessions_it_does_not_own(
         "journal": str(tmp_path),
         "journal_fsync": "never",
     }
-    app = create_app(Settings(fleet=old, shard=0, **common), tokenizer=template)
+    app = create_app(Settings(fleet=old, shard=0, **common), tokenizer=template, worker_tls=TLS)
     server = await start_server(nursery, app, bind=[f"fd://{before[0].detach()}"])
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as http:
         for session_id in ids:
             created = await http.post(f"{old[0]}/sessions", json={"session_id": session_id})
             assert created.status_code == 201
     await server.aclose()
     after[1].close()
-    app = create_app(Settings(fleet=new, shard=0, **common), tokenizer=template)
+    app = create_app(Settings(fleet=new, shard=0, **common), tokenizer=template, worker_tls=TLS)
     server = await start_server(nursery, app, bind=[f"fd://{after[0].detach()}"])
     assert f"{len(moved)} restored sessions (e.g. {moved[0]}" in caplog.text
     await server.aclose()

@@ -32,6 +32,7 @@ from rollout_session.prompt.tokenizer import ChatTokenizer
 from rollout_session.testing import EmulatorConfig, TextModel
 from tests.conftest import TOOLS, Stack, StackFactory, Worker, spawn_worker
 from tests.integration.session.test_turns import check_document, echo
+from tests.loopback import TLS
 
 SERVED = EmulatorConfig().model_name
 # Each gateway test starts smg; its start-up and worker registration take a second or two.
@@ -126,7 +127,7 @@ async def start_smg(nursery: trio.Nursery, worker_urls: list[str], log: Path) ->
             )
         )
     url = f"http://127.0.0.1:{port}"
-    client = httpx.AsyncClient(base_url=url, timeout=10, trust_env=False)
+    client = httpx.AsyncClient(base_url=url, timeout=10, trust_env=False, verify=TLS)
     gateway = Gateway(url, client)
     with trio.fail_after(START_TIMEOUT_S):
         while True:
@@ -163,10 +164,10 @@ async def behind_smg(
         gateway = await start_smg(nursery, [w.url for w in workers], tmp_path / "smg.log")
         opened.append(gateway.client)
         app_settings = Settings(workers=(gateway.url,), port=0, **settings)
-        app = create_app(app_settings, tokenizer=chat_tokenizers["chatml"])
+        app = create_app(app_settings, tokenizer=chat_tokenizers["chatml"], worker_tls=TLS)
         server = await start_server(nursery, app, max_connections=app_settings.max_connections)
         opened.append(server)
-        client = httpx.AsyncClient(base_url=server.url, timeout=30)
+        client = httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS)
         opened.append(client)
         return Stack(server.url, server_context(app), workers, client, server), gateway
 

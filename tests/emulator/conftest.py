@@ -16,6 +16,7 @@ from rollout_session.testing.emulator import Emulator, EmulatorConfig
 from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.generation import TextModel
 from rollout_session.testing.tokenizer import bundled_tokenizer_path
+from tests.loopback import TLS
 
 Serve = Callable[..., Awaitable[tuple[httpx.AsyncClient, Emulator]]]
 
@@ -40,7 +41,7 @@ async def serve(nursery: trio.Nursery, model: TextModel) -> AsyncIterator[Serve]
                 nursery, EmulatorConfig(**overrides), model=model
             )
             stack.push_async_callback(server.aclose)
-            client = httpx.AsyncClient(base_url=server.url, timeout=10.0)
+            client = httpx.AsyncClient(base_url=server.url, timeout=10.0, verify=TLS)
             await stack.enter_async_context(client)
             return client, emulator
 

@@ -30,6 +30,7 @@ from rollout_session.testing.sglang_answer import routed_experts_blob
 from rollout_session.testing.tokenizer import builtin_template
 from rollout_session.testing.tokenizer import bundled_tokenizer_path as bundled_tokenizer_path
 from tests.emulator.conftest import Serve
+from tests.loopback import TLS
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -659,7 +660,7 @@ def test_cli_flags_build_the_config() -> None:
 
 async def test_start_with_a_loaded_hf_tokenizer(nursery: trio.Nursery, tokenizer: Any) -> None:
     server, emulator = await start_emulator(nursery, tokenizer=tokenizer)
-    async with httpx.AsyncClient(base_url=server.url) as client:
+    async with httpx.AsyncClient(base_url=server.url, verify=TLS) as client:
         answer = await chat(client, {"input_ids": [5, 6, 7]})
     assert emulator.completed == 1
     assert sampled(answer)[0][-1] == tokenizer.eos_token_id

@@ -18,6 +18,7 @@ from rollout_session.testing.emulator_app import start_emulator
 from rollout_session.testing.generation import TextModel
 from tests.emulator.conftest import Serve
 from tests.families import family_path, family_text_model
+from tests.loopback import TLS
 
 NOT_EXIST = "Invalid request: session id {} does not exist"
 DUPLICATE = "Failed to open the session. Check if a session with the same id is still open."
@@ -40,7 +41,7 @@ async def serve(nursery: trio.Nursery, model: TextModel) -> AsyncIterator[Serve]
             config = EmulatorConfig(**overrides)
             server, emulator = await start_emulator(nursery, config, model=own_model or model)
             stack.push_async_callback(server.aclose)
-            client = httpx.AsyncClient(base_url=server.url, timeout=10.0)
+            client = httpx.AsyncClient(base_url=server.url, timeout=10.0, verify=TLS)
             await stack.enter_async_context(client)
             return client, emulator
 

@@ -40,6 +40,7 @@ from tests.frameworks.harness import (
     demo_servers,
     dump,
 )
+from tests.loopback import TLS
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def recorder() -> Iterator[Recorder]:
     """LiteLLM's OpenAI provider takes its HTTP client from
     `litellm.client_session`: the hook sees every answer LiteLLM received."""
     recorder = Recorder()
-    with httpx.Client(event_hooks={"response": [recorder.sync_hook]}) as http:
+    with httpx.Client(event_hooks={"response": [recorder.sync_hook]}, verify=TLS) as http:
         before = litellm.client_session
         litellm.client_session = http
         try:

@@ -18,6 +18,7 @@ from rollout_session.testing.processes import start_listening
 from tests import FIXTURES
 from tests.conftest import TOOLS, agent_turn
 from tests.families import family_path
+from tests.loopback import TLS
 
 
 async def test_serve_demo_runs_a_session_and_stops_on_sigint() -> None:
@@ -25,7 +26,7 @@ async def test_serve_demo_runs_a_session_and_stops_on_sigint() -> None:
     command = [sys.executable, "-m", "rollout_session", "serve", "--demo", "--port", "0"]
     async with trio.open_nursery() as nursery:
         url, process = await start_listening(nursery, command, env=env)
-        async with httpx.AsyncClient(base_url=url) as client:
+        async with httpx.AsyncClient(base_url=url, verify=TLS) as client:
             created = (await client.post("/sessions")).json()
             content = await trio.to_thread.run_sync(agent_turn, url + created["base_url"])
             assert content
@@ -91,7 +92,12 @@ async def test_check_template_reports_per_case(
 
 
 def reasoning_turn(base_url: str) -> dict[str, Any]:
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(
+        base_url=base_url,
+        api_key="unused",
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(verify=TLS),
+    )
     answer = client.chat.completions.create(
         model="any", messages=[{"role": "user", "content": "hello"}]
     )
@@ -107,7 +113,7 @@ async def test_serve_demo_speaks_the_given_template_with_reasoning() -> None:
                "--chat-template", "qwen3", "--demo-reasoning"]  # fmt: skip
     async with trio.open_nursery() as nursery:
         url, process = await start_listening(nursery, command, env=env)
-        async with httpx.AsyncClient(base_url=url) as client:
+        async with httpx.AsyncClient(base_url=url, verify=TLS) as client:
             created = (await client.post("/sessions")).json()
             message = await trio.to_thread.run_sync(reasoning_turn, url + created["base_url"])
             assert message["reasoning_content"] and message["content"]
@@ -127,7 +133,12 @@ async def test_serve_demo_speaks_the_given_template_with_reasoning() -> None:
 def tool_turn(base_url: str) -> dict[str, Any]:
     """One turn with a tool, as the official SDK takes it: the choice, with
     the extra keys SGLang's answer carries (`meta_info`)."""
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(
+        base_url=base_url,
+        api_key="unused",
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(verify=TLS),
+    )
     try:
         answer = client.chat.completions.create(
             model="any",
@@ -149,7 +160,7 @@ async def test_serve_demo_under_sglang_generate_parses_a_tool_call() -> None:
                "--engine", "sglang-generate"]  # fmt: skip
     async with trio.open_nursery() as nursery:
         url, process = await start_listening(nursery, command, env=env)
-        async with httpx.AsyncClient(base_url=url) as client:
+        async with httpx.AsyncClient(base_url=url, verify=TLS) as client:
             created = (await client.post("/sessions")).json()
             choice = await trio.to_thread.run_sync(tool_turn, url + created["base_url"])
             doc = (
@@ -185,7 +196,7 @@ async def test_emulator_speaks_sglang_on_every_route() -> None:
                "--engine", "sglang"]  # fmt: skip
     async with trio.open_nursery() as nursery:
         url, process = await start_listening(nursery, command)
-        async with httpx.AsyncClient(base_url=url) as client:
+        async with httpx.AsyncClient(base_url=url, verify=TLS) as client:
             # The emulator never renders messages: both routes take ids.
             chat = await client.post(
                 "/v1/chat/completions",

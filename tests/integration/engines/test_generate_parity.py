@@ -36,6 +36,7 @@ from tests.families import (
     template_text,
 )
 from tests.integration.session.test_families import CLOCK, PATTERNS, WEATHER, _episode
+from tests.loopback import TLS
 from tests.unit.prompt.test_check import CASES, REPORT
 
 _CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
@@ -59,7 +60,7 @@ async def _servers(nursery: trio.Nursery, family: str) -> dict[str, RunningServe
             tool_call_parser=facts.get("sglang_tool_call_parser") if generate else None,
             reasoning_parser=facts.get("sglang_reasoning_parser") if generate else None,
         )
-        app = create_app(settings, tokenizer=family_tokenizer(family))
+        app = create_app(settings, tokenizer=family_tokenizer(family), worker_tls=TLS)
         servers[name] = await start_server(nursery, app)
     return servers
 
@@ -67,10 +68,13 @@ async def _servers(nursery: trio.Nursery, family: str) -> dict[str, RunningServe
 async def _run(
     server: RunningServer, family: str, pattern: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as trainer:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS) as trainer:
         sid = (await trainer.post("/sessions", json={})).json()["session_id"]
         agent = openai.AsyncOpenAI(
-            base_url=f"{server.url}/sessions/{sid}/v1", api_key="unused", max_retries=0
+            base_url=f"{server.url}/sessions/{sid}/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
         )
         lists_tools = "tools" in template_text(family)
         if pattern == "plain":

@@ -25,6 +25,7 @@ from tests.conftest import spawn_worker
 from tests.families import FAMILIES, family_facts, family_path, family_text_model, family_tokenizer
 from tests.integration.engines.test_generate_parity import _run, _shape
 from tests.integration.session.test_families import PATTERNS
+from tests.loopback import TLS
 from tests.unit.prompt.test_check import CASES, REPORT
 
 
@@ -81,7 +82,9 @@ async def _servers(nursery: trio.Nursery, family: str) -> tuple[RunningServer, R
     servers = []
     for each in settings:
         servers.append(
-            await start_server(nursery, create_app(each, tokenizer=family_tokenizer(family)))
+            await start_server(
+                nursery, create_app(each, tokenizer=family_tokenizer(family), worker_tls=TLS)
+            )
         )
     return servers[0], servers[1]
 

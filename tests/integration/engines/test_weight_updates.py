@@ -41,6 +41,7 @@ from tests.families import (
     template_text,
 )
 from tests.integration.session.test_families import WEATHER
+from tests.loopback import TLS
 
 READ = [{"role": "user", "content": "Read the file notes.txt, please."}]
 THINK = [{"role": "user", "content": "Think it through, then answer at length."}]
@@ -312,7 +313,10 @@ async def test_a_streaming_agent_gets_one_stream_of_the_whole_answer(
 
     def stream() -> list[Any]:
         with openai.OpenAI(
-            base_url=f"{stack.url}/sessions/{sid}/v1", api_key="x", max_retries=0
+            base_url=f"{stack.url}/sessions/{sid}/v1",
+            api_key="x",
+            max_retries=0,
+            http_client=openai.DefaultHttpxClient(verify=TLS),
         ) as agent:
             request: dict[str, Any] = {"model": "m", "messages": READ, "tools": TOOLS, "seed": 3}
             events = agent.chat.completions.create(stream=True, **request)
@@ -571,10 +575,11 @@ async def test_every_family_continues_a_tool_call_cut_in_half(
     app = create_app(
         Settings(workers=(worker.url,), port=0, tokenizer=str(family_path(family)), **settings),
         tokenizer=family_tokenizer(family),
+        worker_tls=TLS,
     )
     server = await start_server(nursery, app)
     try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS) as client:
             body = {"messages": WEATHER_ASK, "tools": [WEATHER], "seed": 3}
 
             async def turn(sid: str) -> httpx.Response:
@@ -650,11 +655,11 @@ async def test_a_restart_while_a_turn_waits_commits_no_partial_answer(
         journal_fsync="always",
         **ENGINES["sglang-generate"].server,
     )
-    app = create_app(settings, tokenizer=chat_tokenizers["chatml"])
+    app = create_app(settings, tokenizer=chat_tokenizers["chatml"], worker_tls=TLS)
     # The shutdown grace (--shutdown-grace-s, as `serve` passes it).
     server = await start_server(nursery, app, graceful_timeout=0.5)
     answers: list[httpx.Response] = []
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS) as client:
         await client.post("/sessions", json={"session_id": "waiting"})
 
         async def agent() -> None:
@@ -672,9 +677,9 @@ async def test_a_restart_while_a_turn_waits_commits_no_partial_answer(
             await until(lambda: server_context(app).pause.waiting == 1)
             await server.aclose()  # graceful: the waiting turn is cancelled at the grace's end
     assert not answers or answers[0].status_code != 200
-    restarted = create_app(settings, tokenizer=chat_tokenizers["chatml"])
+    restarted = create_app(settings, tokenizer=chat_tokenizers["chatml"], worker_tls=TLS)
     server = await start_server(nursery, restarted)
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS) as client:
         doc = (await client.get("/sessions/waiting/trajectory", params={"schema": 1})).json()
     assert doc["turns"] == [] and doc["token_ids"] == []
     await server.aclose()

@@ -26,6 +26,7 @@ from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
 from rollout_session.testing import EmulatorConfig, TextModel
 from tests.conftest import Stack, StackFactory, spawn_worker
+from tests.loopback import TLS
 
 USER = [{"role": "user", "content": "hello"}]
 # Probes every 50 ms: admission checks come quickly, so waiting on them is short.
@@ -189,13 +190,15 @@ async def test_a_configured_worker_that_is_not_sglang_never_joins(
     real = await spawn_worker(
         nursery, text_model, replace(EmulatorConfig(), chat_template=template.chat_template)
     )
-    app = create_app(Settings(workers=(fake.url, real.url), port=0, **FAST), tokenizer=template)
+    app = create_app(
+        Settings(workers=(fake.url, real.url), port=0, **FAST), tokenizer=template, worker_tls=TLS
+    )
     server = await start_server(nursery, app)
     ctx = server_context(app)
     states: dict[str, Any] = {w.url: w.health for w in ctx.pool.workers.values()}
     assert states == {fake.url: Health.JOINING, real.url: Health.HEALTHY}
     assert ctx.model.info is not None and ctx.model.info.model == "rollout-session/emulator"
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS) as client:
         for _ in range(3):
             session_id = (await client.post("/sessions")).json()["session_id"]
             path = f"/sessions/{session_id}/v1/chat/completions"

@@ -13,6 +13,7 @@ from rollout_session.engines.pool import Health
 from rollout_session.testing import EmulatorConfig
 from tests.conftest import Stack, StackFactory, spawn_worker
 from tests.integration.session.test_turns import check_document, echo
+from tests.loopback import TLS
 
 USER_NEXT = {"role": "user", "content": "next"}
 FAST_HEALTH = {
@@ -253,7 +254,7 @@ async def test_a_proxy_in_the_environment_changes_neither_probes_nor_traffic(
         monkeypatch.delenv(name, raising=False)
     stack = await make_stack()
     # The test's own client must not take the proxy either.
-    async with httpx.AsyncClient(base_url=stack.url, trust_env=False) as client:
+    async with httpx.AsyncClient(base_url=stack.url, trust_env=False, verify=TLS) as client:
         created = await client.post("/sessions", json={})
         session_id = created.json()["session_id"]
         chat = await client.post(

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import Stack
 from tests.integration.raw_http import RawConnection
+from tests.loopback import TLS
 
 PROTECTED = "protected-session"
 OTHER = "other-session"
@@ -231,7 +232,7 @@ async def test_hostile_requests_never_5xx_nor_change_history(make_stack: Any) ->
         assert turn.status_code == 200
     before = (await stack.client.get(f"/sessions/{PROTECTED}/trajectory")).content
     statuses: list[int] = []
-    client = httpx.AsyncClient(base_url=stack.url, timeout=30)
+    client = httpx.AsyncClient(base_url=stack.url, timeout=30, verify=TLS)
 
     # Hypothesis drives a synchronous test: it runs in a worker thread and
     # hands each request to this trio loop, where the servers live.

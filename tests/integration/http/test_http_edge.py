@@ -27,6 +27,7 @@ from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
 from tests.conftest import Stack, StackFactory
 from tests.integration.raw_http import RawConnection, RawResponse
+from tests.loopback import TLS
 
 KEY = "edge-key"
 ADMIN = "edge-admin-key"
@@ -198,7 +199,7 @@ async def assert_over_limit_closes(conn: RawConnection, route: Route, framing: s
 
 
 def test_the_walk_covers_every_route() -> None:
-    app = create_app(Settings(workers=("http://127.0.0.1:9",)))
+    app = create_app(Settings(workers=("http://127.0.0.1:9",)), worker_tls=TLS)
     registered = {
         (method, rule.rule)
         for rule in app.url_map.iter_rules()
@@ -295,7 +296,9 @@ async def rooted_url(
     """A second server on the stack's worker, mounted at `ROOT` (hypercorn's
     ``root_path``: the scope's path keeps it, as the ASGI spec has it)."""
     app = create_app(
-        Settings(workers=(stack.emulator_url,), port=0), tokenizer=chat_tokenizers["chatml"]
+        Settings(workers=(stack.emulator_url,), port=0),
+        tokenizer=chat_tokenizers["chatml"],
+        worker_tls=TLS,
     )
     server = await start_server(nursery, app, root_path=ROOT)
     yield server.url
@@ -303,7 +306,7 @@ async def rooted_url(
 
 
 async def test_a_chat_turn_under_a_root_path(rooted_url: str) -> None:
-    async with httpx.AsyncClient(base_url=rooted_url + ROOT, timeout=STALL_S) as client:
+    async with httpx.AsyncClient(base_url=rooted_url + ROOT, timeout=STALL_S, verify=TLS) as client:
         created = await client.post("/sessions", json={})
         assert created.status_code == 201, created.text
         chat_url = created.json()["base_url"] + "/chat/completions"
@@ -313,7 +316,7 @@ async def test_a_chat_turn_under_a_root_path(rooted_url: str) -> None:
         assert turn.json()["choices"][0]["message"]["content"]
         session = (await client.get(created.json()["base_url"].removesuffix("/v1"))).json()
         assert session["num_turns"] == 1
-    async with httpx.AsyncClient(base_url=rooted_url, timeout=STALL_S) as outside:
+    async with httpx.AsyncClient(base_url=rooted_url, timeout=STALL_S, verify=TLS) as outside:
         # Outside the root path nothing matches, the chat route included.
         missed = await outside.post(chat_url, json={"messages": messages})
         assert missed.status_code == 404

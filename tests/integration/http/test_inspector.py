@@ -30,6 +30,7 @@ from rollout_session.testing import EmulatorConfig
 from tests import ROOT
 from tests.conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
 from tests.integration.session.test_turns import answered, echo
+from tests.loopback import TLS
 
 if TYPE_CHECKING:
     from playwright.sync_api import ConsoleMessage, Page
@@ -167,7 +168,7 @@ async def test_page_is_public_with_strict_csp_and_data_needs_the_key(
 ) -> None:
     stack = await make_stack(api_key=KEY)
     session_id = await stack.create()
-    async with httpx.AsyncClient(base_url=stack.url) as anonymous:
+    async with httpx.AsyncClient(base_url=stack.url, verify=TLS) as anonymous:
         for path, content_type in [
             ("/ui", "text/html"),
             ("/ui/", "text/html"),

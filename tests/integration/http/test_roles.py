@@ -23,6 +23,7 @@ from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
 from rollout_session.testing import EmulatorConfig, TextModel
 from tests.conftest import Stack, StackFactory, agent_turn, spawn_worker
+from tests.loopback import TLS
 
 KEY = "trainer-key"
 ADMIN = "operator-key"
@@ -85,7 +86,7 @@ async def test_an_agent_key_reaches_its_own_session_and_nothing_else(roles: Stac
     assert await trio.to_thread.run_sync(agent_turn, f"{base}/mine/v1", own)
     with pytest.raises(openai.AuthenticationError):
         await trio.to_thread.run_sync(agent_turn, f"{base}/theirs/v1", own)
-    async with httpx.AsyncClient(base_url=roles.url, headers=bearer(own)) as agent:
+    async with httpx.AsyncClient(base_url=roles.url, headers=bearer(own), verify=TLS) as agent:
         assert (await agent.get("/sessions/mine/v1/models")).status_code == 200
         assert_error(await agent.get("/sessions/theirs/v1/models"), 401, "unauthorized")
         for method, path, body in TRAINER_ROUTES + OPERATOR_ROUTES:
@@ -112,7 +113,7 @@ async def test_the_trainer_key_cannot_reach_operator_routes_when_an_admin_key_is
         assert response.json()["error"]["type"] == "permission_error"
     assert [w.url for w in roles.ctx.pool.workers.values()] == [roles.emulator_url]
     # The operator's key reaches them, and every other route.
-    async with httpx.AsyncClient(base_url=roles.url, headers=bearer(ADMIN)) as operator:
+    async with httpx.AsyncClient(base_url=roles.url, headers=bearer(ADMIN), verify=TLS) as operator:
         assert (await operator.get("/workers")).status_code == 200
         assert (await operator.get("/metrics")).status_code == 200
         assert (await operator.post("/admin/pause")).json() == {
@@ -136,7 +137,7 @@ async def test_without_an_admin_key_the_trainer_key_is_the_operators(
     own = await create(stack, "s")
     assert (await stack.client.get("/workers")).status_code == 200
     assert (await stack.client.get("/metrics")).status_code == 200
-    async with httpx.AsyncClient(base_url=stack.url, headers=bearer(own)) as agent:
+    async with httpx.AsyncClient(base_url=stack.url, headers=bearer(own), verify=TLS) as agent:
         assert_error(await agent.get("/workers"), 401, "unauthorized")
         assert_error(await agent.get("/metrics"), 401, "unauthorized")
 
@@ -167,7 +168,7 @@ async def test_without_keys_sessions_have_none(stack: Stack) -> None:
 )
 async def test_the_scheme_is_case_insensitive(roles: Stack, scheme: str) -> None:
     own = await create(roles, "s")
-    async with httpx.AsyncClient(base_url=roles.url) as bare:
+    async with httpx.AsyncClient(base_url=roles.url, verify=TLS) as bare:
         for key, path, status in (
             (KEY, "/sessions", 200),
             (ADMIN, "/workers", 200),
@@ -190,12 +191,12 @@ async def test_session_keys_survive_a_restart_with_the_journal(
 
     async def boot(api_key: str) -> tuple[str, Any]:
         settings = Settings(workers=(worker.url,), journal=str(tmp_path), api_key=api_key)
-        app = create_app(settings, tokenizer=chat_tokenizers["chatml"])
+        app = create_app(settings, tokenizer=chat_tokenizers["chatml"], worker_tls=TLS)
         server = await start_server(nursery, app)
         return server.url, server
 
     url, server = await boot(KEY)
-    async with httpx.AsyncClient(base_url=url, headers=bearer(KEY)) as trainer:
+    async with httpx.AsyncClient(base_url=url, headers=bearer(KEY), verify=TLS) as trainer:
         created = await trainer.post("/sessions", json={"session_id": "episode"})
     own = created.json()["api_key"]
     assert await trio.to_thread.run_sync(agent_turn, f"{url}/sessions/episode/v1", own)
@@ -203,7 +204,7 @@ async def test_session_keys_survive_a_restart_with_the_journal(
 
     url, server = await boot(KEY)  # the same key: the session's key still works
     assert await trio.to_thread.run_sync(agent_turn, f"{url}/sessions/episode/v1", own)
-    async with httpx.AsyncClient(base_url=url, headers=bearer(KEY)) as trainer:
+    async with httpx.AsyncClient(base_url=url, headers=bearer(KEY), verify=TLS) as trainer:
         assert (await trainer.get("/sessions/episode")).json()["api_key"] == own
     await server.aclose()
 

@@ -15,6 +15,7 @@ from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.conftest import closed_after_test
 from tests.integration.protocols.test_sdk import MODEL
 from tests.integration.session.test_turns import check_document, echo
+from tests.loopback import TLS
 
 pytestmark = pytest.mark.usefixtures("close_sdk_clients")
 
@@ -29,6 +30,7 @@ def root_client(stack: Stack, **headers: str) -> openai.AsyncOpenAI:
             api_key=headers.pop("api_key", "unused"),
             max_retries=0,
             default_headers=headers,
+            http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
         )
     )
 
@@ -62,7 +64,10 @@ async def test_a_root_episode_is_the_session_routes_episode(make_stack: StackFac
             agent = root_client(stack, **{"X-Session-ID": session_id})
         else:
             agent = openai.AsyncOpenAI(
-                base_url=f"{stack.url}/sessions/{session_id}/v1", api_key="x", max_retries=0
+                base_url=f"{stack.url}/sessions/{session_id}/v1",
+                api_key="x",
+                max_retries=0,
+                http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
             )
             closed_after_test(agent)
         await episode(agent, turns=3)

@@ -25,6 +25,7 @@ from rollout_session.testing.processes import start_listening
 from tests import FIXTURES
 from tests.conftest import Stack, StackFactory
 from tests.integration.raw_http import RawConnection
+from tests.loopback import TLS
 
 STALL_S = 10.0
 # Far above STALL_S: a server that waits out its grace fails the test.
@@ -44,7 +45,9 @@ async def serve_on(
 
     async def factory(**config: Any) -> RunningServer:
         app = create_app(
-            Settings(workers=(stack.emulator_url,), port=0), tokenizer=chat_tokenizers["chatml"]
+            Settings(workers=(stack.emulator_url,), port=0),
+            tokenizer=chat_tokenizers["chatml"],
+            worker_tls=TLS,
         )
         servers.append(await start_server(nursery, app, **config))
         return servers[-1]

@@ -29,6 +29,7 @@ from rollout_session.testing import EmulatorConfig, TextModel, bundled_tokenizer
 from rollout_session.testing.processes import start_listening
 from tests.conftest import TOOLS, Stack, StackFactory, spawn_worker
 from tests.integration.session.test_turns import check_document
+from tests.loopback import TLS
 
 TURNS = 4
 FAULT_AT = 2
@@ -67,7 +68,7 @@ def prefix(doc: dict[str, Any], turns: int) -> tuple[bytes, bytes, bytes]:
 async def scripted(
     url: Callable[[], str], session_id: str, turns: range, answers: list[dict[str, Any]]
 ) -> None:
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         for turn in turns:
             response = await client.post(
                 f"{url()}/sessions/{session_id}/v1/chat/completions",
@@ -176,12 +177,12 @@ async def test_server_restart_with_journal_continues(
     servers = []
 
     async def boot() -> str:
-        app = create_app(settings, tokenizer=chat_tokenizers["chatml"])
+        app = create_app(settings, tokenizer=chat_tokenizers["chatml"], worker_tls=TLS)
         servers.append((await start_server(nursery, app), server_context(app)))
         return servers[-1][0].url
 
     url = await boot()
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         assert (await client.post(f"{url}/sessions", json={"session_id": "episode"})).is_success
     answers: list[dict[str, Any]] = []
     await scripted(lambda: url, "episode", range(FAULT_AT), answers)
@@ -190,11 +191,11 @@ async def test_server_restart_with_journal_continues(
     url = await boot()
     restored = servers[-1][1].registry.get("episode")
     assert restored is not before
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         doc = (await client.get(f"{url}/sessions/episode/trajectory", params=V1)).json()
     assert prefix(doc, FAULT_AT) == prefix(expected, FAULT_AT)
     await scripted(lambda: url, "episode", range(FAULT_AT, TURNS), answers)
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         final = (await client.get(f"{url}/sessions/episode/trajectory", params=V1)).json()
     assert committed(final) == committed(expected)
     await servers[-1][0].aclose()
@@ -230,7 +231,7 @@ async def test_kill_9_mid_run_loses_no_committed_turn(
     worker = await spawn_worker(nursery, text_model, EmulatorConfig(base_latency_s=0.05))
     url, process = await serve_process(nursery, worker.url, tmp_path)
     acknowledged: dict[str, list[dict[str, Any]]] = {f"agent-{i}": [] for i in range(4)}
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         for session_id in acknowledged:
             await client.post(f"{url}/sessions", json={"session_id": session_id})
 
@@ -248,7 +249,7 @@ async def test_kill_9_mid_run_loses_no_committed_turn(
         process.send_signal(signal.SIGKILL)
     await process.wait()
     url, process = await serve_process(nursery, worker.url, tmp_path)
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=TLS) as client:
         for session_id, answers in acknowledged.items():
             doc = (await client.get(f"{url}/sessions/{session_id}/trajectory", params=V1)).json()
             check_document(doc)
@@ -270,7 +271,7 @@ async def test_sigterm_lets_the_inflight_turn_finish(
 ) -> None:
     worker = await spawn_worker(nursery, text_model, EmulatorConfig(base_latency_s=1.0))
     url, process = await serve_process(nursery, worker.url, tmp_path)
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=30, verify=TLS) as client:
         session_id = (await client.post("/sessions")).json()["session_id"]
         results: list[httpx.Response] = []
 
@@ -291,7 +292,7 @@ async def test_sigterm_lets_the_inflight_turn_finish(
         assert await process.wait() == 0
     # The turn was journaled before it was answered.
     url, process = await serve_process(nursery, worker.url, tmp_path)
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=30, verify=TLS) as client:
         doc = (await client.get(f"/sessions/{session_id}/trajectory", params=V1)).json()
     assert len(doc["turns"]) == 1
     process.send_signal(signal.SIGTERM)

@@ -18,6 +18,7 @@ from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.conftest import closed_after_test
 from tests.integration.protocols.test_sdk import MODEL
 from tests.integration.session.test_turns import check_document, echo
+from tests.loopback import TLS
 
 pytestmark = pytest.mark.usefixtures("close_sdk_clients")
 
@@ -40,7 +41,13 @@ def client(
     ``/v1/messages`` to (ANTHROPIC_BASE_URL for Claude Code)."""
     base = stack.url if session_id is None else f"{stack.url}/sessions/{session_id}"
     return closed_after_test(
-        anthropic.AsyncAnthropic(base_url=base, api_key=api_key, max_retries=0, **kwargs)
+        anthropic.AsyncAnthropic(
+            base_url=base,
+            api_key=api_key,
+            max_retries=0,
+            **kwargs,
+            http_client=anthropic.DefaultAsyncHttpxClient(verify=TLS),
+        )
     )
 
 

@@ -16,6 +16,7 @@ from tests.integration.http.test_root_routes import (
 )
 from tests.integration.protocols.test_sdk import MODEL
 from tests.integration.session.test_turns import check_document
+from tests.loopback import TLS
 
 pytestmark = pytest.mark.usefixtures("close_sdk_clients")
 
@@ -29,7 +30,10 @@ RESPONSES_TOOLS: list[dict[str, Any]] = [
 def client(stack: Stack, session_id: str) -> openai.AsyncOpenAI:
     return closed_after_test(
         openai.AsyncOpenAI(
-            base_url=f"{stack.url}/sessions/{session_id}/v1", api_key="unused", max_retries=0
+            base_url=f"{stack.url}/sessions/{session_id}/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
         )
     )
 
@@ -174,6 +178,7 @@ async def test_responses_at_the_root_with_the_session_header(stack: Stack) -> No
         api_key="unused",
         max_retries=0,
         default_headers={"X-Session-ID": session_id},
+        http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
     )
     closed_after_test(agent)
     response = await agent.responses.create(model=MODEL, input=USER)

@@ -19,6 +19,7 @@ from openai.types.chat import ChatCompletionChunk
 from rollout_session.testing.emulator import EmulatorConfig
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.session.test_turns import check_document
+from tests.loopback import TLS
 
 USER: list[Any] = [{"role": "user", "content": "What is in main.py?"}]
 MODEL = EmulatorConfig().model_name
@@ -29,11 +30,21 @@ def base_url(stack: Stack, session_id: str) -> str:
 
 
 def sync_client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+    return openai.OpenAI(
+        base_url=url,
+        api_key="unused",
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(verify=TLS),
+    )
 
 
 def async_client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=url,
+        api_key="unused",
+        max_retries=0,
+        http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
+    )
 
 
 def collect(chunks: Iterable[ChatCompletionChunk]) -> tuple[dict[str, Any], str | None]:

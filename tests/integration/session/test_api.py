@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import Stack, StackFactory
+from tests.loopback import TLS
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -192,5 +193,5 @@ async def test_oversized_body_is_413_and_closes_connection(make_stack: StackFact
     assert response.headers["connection"] == "close"
     # The next request on a fresh connection is served normally.
     assert (await stack.chat(session_id, messages=USER)).status_code == 200
-    async with httpx.AsyncClient(base_url=stack.url) as fresh:
+    async with httpx.AsyncClient(base_url=stack.url, verify=TLS) as fresh:
         assert (await fresh.get("/health")).status_code == 200

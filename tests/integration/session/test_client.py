@@ -18,10 +18,16 @@ from rollout_session.client import SessionClient, SessionServerError
 from rollout_session.export import bulk as bulk_export
 from tests.conftest import Stack, StackFactory
 from tests.integration.session.test_turns import check_document
+from tests.loopback import TLS
 
 
 def one_agent_turn(base_url: str) -> None:
-    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(
+        base_url=base_url,
+        api_key="unused",
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(verify=TLS),
+    )
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     client.close()
 

@@ -12,6 +12,7 @@ import pytest
 from rollout_session.testing import EmulatorConfig
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.session.test_turns import check_document, echo, run_tool_episode
+from tests.loopback import TLS
 
 # The document's fields about the session (every schema has them).
 SESSION_FIELDS = ("session_id", "status", "metadata", "created_at", "closed_at", "model")
@@ -174,7 +175,7 @@ async def test_routed_experts_are_requested_incrementally_and_stored_once(
     assert experts["shape"] == [positions, width] and experts["dtype"] == "int32"
     stored = np.frombuffer(base64.b64decode(experts["data"]), "<i4")
     # The emulator's own full-sequence blob for the same tokens.
-    async with httpx.AsyncClient(base_url=stack.emulator_url) as client:
+    async with httpx.AsyncClient(base_url=stack.emulator_url, verify=TLS) as client:
         full = (
             await client.post(
                 "/v1/chat/completions",

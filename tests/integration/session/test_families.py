@@ -33,6 +33,7 @@ from rollout_session.testing.prompt_reader import ALL_TOOLS
 from tests.conftest import spawn_worker
 from tests.families import family_path, family_text_model, family_tokenizer, template_text
 from tests.integration.session.test_turns import check_document
+from tests.loopback import TLS
 from tests.unit.prompt.test_check import CASES, REPORT
 
 WEATHER = {
@@ -87,7 +88,7 @@ async def serve_family(nursery: trio.Nursery) -> AsyncIterator[Serve]:
             workers=(worker.url,), port=0, tokenizer=str(path), chat_template_kwargs=kwargs
         )
         server = await start_server(
-            nursery, create_app(settings, tokenizer=family_tokenizer(family))
+            nursery, create_app(settings, tokenizer=family_tokenizer(family), worker_tls=TLS)
         )
         servers.append(server)
         return server.url
@@ -249,13 +250,16 @@ async def test_family_episodes_are_exact(
     tok = family_tokenizer(family)
     outcomes = dict(zip(CASES, REPORT[family], strict=True))
     lists_tools = "tools" in template_text(family)
-    async with httpx.AsyncClient(base_url=url, timeout=30) as trainer:
+    async with httpx.AsyncClient(base_url=url, timeout=30, verify=TLS) as trainer:
         for pattern in PATTERNS:
             if outcomes[pattern] is Outcome.UNSUPPORTED:
                 continue  # the template refuses it (check-template names why)
             sid = (await trainer.post("/sessions", json={})).json()["session_id"]
             agent = openai.AsyncOpenAI(
-                base_url=f"{url}/sessions/{sid}/v1", api_key="unused", max_retries=0
+                base_url=f"{url}/sessions/{sid}/v1",
+                api_key="unused",
+                max_retries=0,
+                http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
             )
             if pattern == "plain":
                 episode = await _episode(agent, tools=None)
@@ -304,10 +308,13 @@ async def test_diff_renders_like_the_turns_did(
     serve_family: Serve, family: str, extra: dict[str, Any]
 ) -> None:
     url = await serve_family(family, {})
-    async with httpx.AsyncClient(base_url=url, timeout=30) as trainer:
+    async with httpx.AsyncClient(base_url=url, timeout=30, verify=TLS) as trainer:
         sid = (await trainer.post("/sessions", json={})).json()["session_id"]
         agent = openai.AsyncOpenAI(
-            base_url=f"{url}/sessions/{sid}/v1", api_key="unused", max_retries=0
+            base_url=f"{url}/sessions/{sid}/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
         )
         lists_tools = "tools" in template_text(family)
         episode = await _episode(agent, tools=[WEATHER], lists_tools=lists_tools, **extra)

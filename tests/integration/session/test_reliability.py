@@ -18,6 +18,7 @@ from rollout_session.session.session import Session, SessionRegistry, SessionSta
 from rollout_session.session.store import SessionStore
 from rollout_session.testing import EmulatorConfig
 from tests.conftest import Stack, StackFactory
+from tests.loopback import TLS
 
 USER: list[Any] = [{"role": "user", "content": "hi"}]
 
@@ -30,7 +31,10 @@ async def test_idle_ttl_expiry_with_autojump_clock(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     ctx = server_context(
-        create_app(Settings(workers=("http://127.0.0.1:9",), session_ttl_s=10, keep_closed_s=60))
+        create_app(
+            Settings(workers=("http://127.0.0.1:9",), session_ttl_s=10, keep_closed_s=60),
+            worker_tls=TLS,
+        )
     )
     ctx.store = SessionStore(SessionRegistry(clock=trio.current_time), ctx.engine)
     expiry = Expiry(ctx.store, default_ttl_s=10, keep_closed_s=60, keep_collected_s=60)
@@ -110,7 +114,7 @@ async def test_max_session_tokens_before_any_worker(make_stack: StackFactory) ->
 async def test_api_key_guards_every_route_but_health(make_stack: StackFactory) -> None:
     stack = await make_stack(api_key="s3cret")
     # A client without the stack client's default Authorization header.
-    bare = httpx.AsyncClient(base_url=stack.url)
+    bare = httpx.AsyncClient(base_url=stack.url, verify=TLS)
     assert (await bare.get("/health")).status_code == 200
     for method, path in [
         ("POST", "/sessions"),
@@ -129,7 +133,12 @@ async def test_api_key_guards_every_route_but_health(make_stack: StackFactory) -
     base_url = stack.url + created.json()["base_url"]
 
     def agent(key: str) -> Any:
-        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+        client = openai.OpenAI(
+            base_url=base_url,
+            api_key=key,
+            max_retries=0,
+            http_client=openai.DefaultHttpxClient(verify=TLS),
+        )
         try:
             return client.chat.completions.create(model="m", messages=USER)
         finally:

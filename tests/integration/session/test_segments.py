@@ -22,6 +22,7 @@ from tests.conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
 from tests.integration.conftest import closed_after_test
 from tests.integration.protocols.test_sdk import MODEL, base_url
 from tests.integration.session.test_turns import answered, check_document, echo
+from tests.loopback import TLS
 
 pytestmark = pytest.mark.usefixtures("close_sdk_clients")
 
@@ -87,7 +88,11 @@ def branches(doc: dict[str, Any]) -> list[Any]:
 def client(url: str, **options: Any) -> openai.AsyncOpenAI:
     """An SDK client, closed when the test ends."""
     return closed_after_test(
-        openai.AsyncOpenAI(**{"api_key": "unused", "max_retries": 0, **options}, base_url=url)
+        openai.AsyncOpenAI(
+            **{"api_key": "unused", "max_retries": 0, **options},
+            base_url=url,
+            http_client=openai.DefaultAsyncHttpxClient(verify=TLS),
+        )
     )
 
 

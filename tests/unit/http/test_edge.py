@@ -14,6 +14,7 @@ from werkzeug import exceptions as werkzeug_errors
 from rollout_session import Settings, create_app
 from rollout_session.client import rendezvous_owner
 from rollout_session.http.edge import BODY_TIMEOUT_S, error_response, route_path
+from tests.loopback import TLS
 
 CHAT = "/sessions/s/v1/chat/completions"
 KEY = "k"
@@ -83,7 +84,7 @@ class Exchange:
         self.sent.append(message)
 
     async def run(self, scope: dict[str, Any]) -> None:
-        app = create_app(Settings(workers=("http://127.0.0.1:9",), api_key=KEY))
+        app = create_app(Settings(workers=("http://127.0.0.1:9",), api_key=KEY), worker_tls=TLS)
         await app.asgi_app(scope, self.receive, self.send)  # type: ignore[arg-type]
 
     @property
@@ -164,7 +165,9 @@ async def test_a_fleet_shard_redirects_after_the_key_check(
     session_id = _session_owned_by(shard)
     path = f"/sessions/{session_id}"
     exchange = Exchange([{"type": "http.request", "body": b"{}", "more_body": False}])
-    app = create_app(Settings(workers=("http://127.0.0.1:9",), api_key=KEY, fleet=FLEET))
+    app = create_app(
+        Settings(workers=("http://127.0.0.1:9",), api_key=KEY, fleet=FLEET), worker_tls=TLS
+    )
     scope = {
         **_scope("GET", path, key=key),
         "query_string": b"a=1",
