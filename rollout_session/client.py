@@ -230,6 +230,29 @@ class SessionClient:
         doc: dict[str, Any] = orjson.loads(response.content)
         return doc
 
+    async def rescore(
+        self,
+        session: str | SessionHandle,
+        target: str,
+        label: str,
+        *,
+        positions: Literal["sampled", "all"] = "sampled",
+    ) -> dict[str, Any]:
+        """The logprobs of exactly the session's tokens under `target`
+        (``"pinned"``: the session's own worker; ``"teacher"``: a
+        ``--teacher-worker``; or a worker's URL), stored as
+        ``rescores[label]`` of every segment and returned
+        (docs/training.md#rescoring). Retried on a lost answer (a rescore
+        repeated replaces itself). For many sessions, run several at once:
+        each is one prefill-only request per segment."""
+        session_id = _id_of(session)
+        url = f"{self.server_for(session_id)}/sessions/{session_id}/rescore"
+        body = {"target": target, "label": label, "positions": positions}
+        response, _ = await self._send("POST", url, json=body)
+        self._raise_for(response)
+        doc: dict[str, Any] = orjson.loads(response.content)
+        return doc
+
     async def pause(
         self, mode: Literal["drain", "abort"] = "drain", *, api_key: str | None = None
     ) -> list[dict[str, Any]]:

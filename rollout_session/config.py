@@ -53,6 +53,9 @@ class Settings:
     port: int = 8000
     # SGLang base URLs, e.g. "http://10.0.0.5:30000" (no trailing /v1).
     workers: tuple[str, ...] = ()
+    # Workers that only score (rescore target "teacher"): a pool of their
+    # own, health-checked like the rest, never given a rollout turn.
+    teacher_workers: tuple[str, ...] = ()
     # Hosts a worker URL may name (names, addresses, CIDR networks, each with
     # an optional :port); None = any (engines/worker_urls.py).
     worker_hosts: frozenset[str] | None = None
@@ -194,6 +197,13 @@ class Settings:
             object.__setattr__(self, "worker_hosts", frozenset(self.worker_hosts))
         allowed = self.allowed_worker_hosts
         object.__setattr__(self, "workers", tuple(worker_url(u, allowed) for u in self.workers))
+        object.__setattr__(
+            self, "teacher_workers", tuple(worker_url(u, allowed) for u in self.teacher_workers)
+        )
+        if shared := set(self.workers) & set(self.teacher_workers):
+            raise ValueError(
+                f"a worker cannot be both a rollout worker and a teacher: {sorted(shared)}"
+            )
         unknown = self.append_roles - KNOWN_ROLES
         if unknown or not self.append_roles:
             raise ValueError(f"append_roles must be a non-empty subset of {sorted(KNOWN_ROLES)}")
@@ -337,7 +347,9 @@ class Settings:
 
     # -- each wing's options: the services never see Settings -----------------
 
-    def pool_options(self) -> PoolOptions:
+    def pool_options(self, *, teachers: bool = False) -> PoolOptions:
+        """The rollout pool's options; with `teachers`, the teacher pool's
+        (the same, but no session hints: teachers hold no sessions)."""
         return PoolOptions(
             placement=self.placement,
             allowed_worker_hosts=self.allowed_worker_hosts,
@@ -352,8 +364,8 @@ class Settings:
             upstream_timeout_s=self.upstream_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
             max_answer_bytes=self.max_answer_bytes,
-            sends_session_hints=self.sends_session_hints,
-            fixed_upstream_model=self.fixed_upstream_model,
+            sends_session_hints=self.sends_session_hints and not teachers,
+            fixed_upstream_model=None if teachers else self.fixed_upstream_model,
             dialect=VLLM_WORKERS if self.engine == "vllm" else SGLANG_WORKERS,
         )
 

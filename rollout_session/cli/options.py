@@ -190,6 +190,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str])
         help="SGLang worker base URL (repeatable; env: comma-separated WORKERS)",
     )
     parser.set_defaults(workers_env=[w for w in workers_env.split(",") if w.strip()])
+    teachers_env = env.get(ENV_PREFIX + "TEACHER_WORKERS", "")
+    parser.add_argument(
+        "--teacher-worker",
+        dest="teacher_workers",
+        action="append",
+        default=None,
+        help="a worker that only scores (rescore target teacher), never takes rollouts "
+        "(repeatable; env: comma-separated TEACHER_WORKERS; docs/training.md#rescoring)",
+    )
+    parser.set_defaults(teachers_env=[w for w in teachers_env.split(",") if w.strip()])
     fleet_env = env.get(ENV_PREFIX + "FLEET", "")
     parser.add_argument(
         "--fleet",
@@ -247,9 +257,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         values["kv_sessions"] = KvMode.HINT.value
     workers = args.workers if args.workers is not None else args.workers_env
     fleet = args.fleet if args.fleet is not None else args.fleet_env
+    teachers = args.teacher_workers if args.teacher_workers is not None else args.teachers_env
     return Settings(
         **values,
         workers=tuple(workers),
+        teacher_workers=tuple(teachers),
         fleet=tuple(fleet),
         demo=args.demo,
         demo_reasoning=args.demo_reasoning,

@@ -1,6 +1,7 @@
 """How the pool speaks to one kind of worker: what an admission check reads
-(the served model), how a half-open circuit probes a worker, and which
-headers name a turn's session to a router in front of it.
+(the served model), how a half-open circuit probes a worker, which headers
+name a turn's session to a router in front of it, and how a worker scores a
+token sequence (`scoring`).
 
 One `WorkerDialect` per engine family, chosen once from ``--engine``: the
 pool's bookkeeping (health, circuits, pins) is the same for every engine;
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from .scoring import SGLANG_SCORING, ScoringDialect
 from .sglang_chat.answer import parse_worker_answer
 from .upstream import CHAT_PATH, ModelInfo, WorkerClient, chat_probe_body, fetch_model_info
 
@@ -42,6 +44,8 @@ class WorkerDialect:
     # by the id the engine sent: each then answers `abort` with what it
     # had sampled (a pause in abort mode).
     abort_requests: Callable[[list[str]], list[tuple[str, bytes]]]
+    # How a worker scores a token sequence without sampling (a rescore).
+    scoring: ScoringDialect
 
 
 def _sglang_abort(rids: list[str]) -> list[tuple[str, bytes]]:
@@ -62,4 +66,5 @@ SGLANG_WORKERS = WorkerDialect(
     # sgl-model-gateway's routing key; SGLang itself ignores it.
     session_headers=(b"x-smg-routing-key",),
     abort_requests=_sglang_abort,
+    scoring=SGLANG_SCORING,
 )

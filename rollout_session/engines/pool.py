@@ -551,6 +551,48 @@ class WorkerPool:
         except NotSent as second:
             raise UpstreamError(str(second)) from None
 
+    @property
+    def dialect(self) -> WorkerDialect:
+        return self._options.dialect
+
+    def knows(self, url: str) -> bool:
+        """Whether `url` names a worker of this pool."""
+        try:
+            self.get(url)
+        except WorkerNotFound:
+            return False
+        return True
+
+    def scorer(self, url: str | None, key: str) -> str:
+        """The worker a scoring request (a rescore) goes to: `url`, which must
+        be this pool's and able to take requests, or with None one chosen by
+        placement for `key` (a session id). Pins nothing: a teacher pool's
+        choice must not move a session's rollouts."""
+        if url is not None:
+            worker = self.get(url)
+            if not worker.healthy or worker.draining:
+                raise NoHealthyWorker(
+                    f"worker {worker.url} cannot take requests now "
+                    f"({worker.health.value}, circuit {worker.circuit.value}"
+                    f"{', draining' if worker.draining else ''})",
+                    retry_after_s=max(1, math.ceil(self._options.health_interval_s)),
+                )
+            return worker.url
+        candidates = self._eligible()
+        if not candidates:
+            retry = max(1, math.ceil(self._options.health_interval_s))
+            raise NoHealthyWorker("no healthy worker is available", retry_after_s=retry)
+        chosen = self._placement.choose(key, None, candidates)
+        assert isinstance(chosen, Worker)
+        return chosen.url
+
+    async def score(self, url: str, key: str, payload: bytes) -> UpstreamReply:
+        """Send a scoring request to the worker at `url` (`scorer`'s
+        choice): no re-pin, no retry. Like a turn, a 200 counts for the
+        worker once the caller validated it (`report_success`/`report_failure`)."""
+        worker = self.get(url)
+        return await self._send(worker, key, payload, self._options.dialect.scoring.path)
+
     async def follow_up(
         self, url: str, session: EngineSession, path: str, payload: bytes
     ) -> UpstreamReply:

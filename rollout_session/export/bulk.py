@@ -1,10 +1,14 @@
 """Bulk export: every matching session of a server to JSON Lines or Parquet.
 
 ``rollout-session export --server URL --out DIR [--format jsonl|parquet]
-[--state open|closed|all] [--close] [--schema 1|3]``. Sessions are listed first (paging by
-cursor), then fetched one by one — or collected with DELETE when ``--close``
-is given — and streamed to ``DIR/trajectories.{jsonl,parquet}``, so memory
-holds one Parquet row group at most. ``--state closed`` means sessions the
+[--state open|closed|all] [--close] [--schema 1|3] [--rescore TARGET:LABEL]``.
+Sessions are listed first (paging by cursor), then fetched one by one — or
+collected with DELETE when ``--close`` is given — and streamed to
+``DIR/trajectories.{jsonl,parquet}``, so memory holds one Parquet row group
+at most. With ``--rescore`` each session is rescored first
+(``POST /sessions/{id}/rescore``, ``--rescore-concurrency`` at a time), so
+its document carries the rescore; a rescore that fails stops the export
+with the server's error (a session gone meanwhile is skipped). ``--state closed`` means sessions the
 server closed by itself (state ``expired``): DELETE'd sessions are already in
 their collector's hands.
 
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,7 +34,7 @@ import httpx
 import orjson
 from tqdm import tqdm
 
-__all__ = ["add_arguments", "export_sessions", "parquet_schema", "run"]
+__all__ = ["Rescore", "add_arguments", "export_sessions", "parquet_schema", "run"]
 
 _STATES: Final = {"open": "open", "closed": "expired", "all": None}
 # The documents' `?schema=` (docs/training.md#the-export-document-schema_version-3).
@@ -40,6 +46,7 @@ _JSON_COLUMNS: Final = (
     "turns",
     "messages",
     "routed_experts",
+    "rescores",
 )
 
 
@@ -94,11 +101,45 @@ def _ok(response: httpx.Response) -> Any:
     return orjson.loads(response.content)
 
 
+@dataclass(frozen=True, slots=True)
+class Rescore:
+    """``--rescore TARGET:LABEL``: the rescore every session gets before export."""
+
+    target: str  # pinned, teacher or a worker's URL (which has colons of its own)
+    label: str
+    concurrency: int = 8
+
+    @classmethod
+    def parse(cls, raw: str, concurrency: int = 8) -> Rescore:
+        target, sep, label = raw.rpartition(":")
+        if not sep or not target or not label:
+            raise ValueError(f"--rescore takes TARGET:LABEL (e.g. teacher:distill), not {raw!r}")
+        return cls(target, label, concurrency)
+
+
+def _rescored(client: httpx.Client, ids: list[str], rescore: Rescore | None) -> Iterator[str]:
+    """The ids in order, each once its rescore (if any) is done; rescores
+    run `rescore.concurrency` at a time, ahead of the export."""
+    if rescore is None:
+        yield from ids
+        return
+    body = {"target": rescore.target, "label": rescore.label}
+
+    def one(session_id: str) -> httpx.Response:
+        return client.post(f"/sessions/{session_id}/rescore", json=body)
+
+    with ThreadPoolExecutor(rescore.concurrency) as pool:
+        for session_id, response in zip(ids, pool.map(one, ids), strict=True):
+            if response.status_code != 404:  # a session gone meanwhile is skipped below
+                _ok(response)
+            yield session_id
+
+
 def _documents(
-    client: httpx.Client, ids: list[str], close: bool, schema: int
+    client: httpx.Client, ids: list[str], close: bool, schema: int, rescore: Rescore | None
 ) -> Iterator[dict[str, Any]]:
     params = {"schema": str(schema)}
-    for session_id in ids:
+    for session_id in _rescored(client, ids, rescore):
         if close:
             response = client.delete(f"/sessions/{session_id}", params=params)
         else:
@@ -130,6 +171,7 @@ def export_sessions(
     api_key: str | None = None,
     progress: bool = True,
     schema: int = 3,
+    rescore: Rescore | None = None,
 ) -> tuple[Path, int]:
     """Write every matching session; return (file, number of sessions written).
     `schema`: of the JSON Lines documents (Parquet rows are per segment)."""
@@ -141,10 +183,14 @@ def export_sessions(
     path = out_dir / f"trajectories.{fmt}"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     written = 0
-    with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=120) as client:
+    # Room for the rescores' threads on top of the export's own connection.
+    limits = httpx.Limits(max_connections=1 + (rescore.concurrency if rescore else 0))
+    with httpx.Client(
+        base_url=server.rstrip("/"), headers=headers, timeout=600, limits=limits
+    ) as client:
         ids = _list_ids(client, _STATES[state])
         docs = tqdm(
-            _documents(client, ids, close, schema),
+            _documents(client, ids, close, schema, rescore),
             total=len(ids),
             unit="session",
             disable=not progress,
@@ -192,11 +238,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON Lines: 3 = every segment once; 1 = v1's document (the last segment's "
         "fields at the top level)",
     )
+    parser.add_argument(
+        "--rescore",
+        metavar="TARGET:LABEL",
+        default=None,
+        help="rescore each session first (target pinned, teacher or a worker URL), so its "
+        "document carries rescores[LABEL] (docs/training.md#rescoring)",
+    )
+    parser.add_argument(
+        "--rescore-concurrency",
+        type=int,
+        default=8,
+        help="rescores in flight at once (default 8)",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
     if args.format == "parquet" and args.schema != 3:
         raise SystemExit("--schema 1 is for --format jsonl: Parquet rows are one per segment")
+    if args.rescore_concurrency < 1:
+        raise SystemExit("--rescore-concurrency must be at least 1")
+    try:
+        rescore = Rescore.parse(args.rescore, args.rescore_concurrency) if args.rescore else None
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     path, written = export_sessions(
         args.server,
         args.out,
@@ -205,5 +270,6 @@ def run(args: argparse.Namespace) -> None:
         close=args.close,
         api_key=args.api_key,
         schema=args.schema,
+        rescore=rescore,
     )
     print(f"wrote {written} sessions to {path}")

@@ -33,14 +33,17 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 import orjson
 import pybase64
 
 from ..errors import InvalidRequest
+from ..session.rescores import Rescore
 from ..session.segments import Segment
 from ..session.session import Session
 from ..session.trajectory import Turn
 from ..tokens import IdArray
+from .rescores import rescore_fields
 
 __all__ = [
     "DEFAULT_PARTS",
@@ -216,6 +219,11 @@ def _segment_document(
         "logprobs": tokens.logprobs,
         "prompt_length": turns[0].completion_start if turns else len(tokens),
     }
+    # By label: each aligned with token_ids (docs/training.md#rescoring).
+    doc["rescores"] = {
+        label: rescore_fields(r, doc["logprobs"], doc["loss_mask"], turns)
+        for label, r in trajectory.rescores.items()
+    }
     if "turns" in parts:
         doc["turns"] = [_turn_dict(t) for t in turns]
     if "messages" in parts:
@@ -286,6 +294,18 @@ def v1_document(
     }
 
 
+def _rescore_log_probs(
+    rescores: Mapping[str, Rescore], start: int, length: int
+) -> dict[str, npt.NDArray[np.float32]]:
+    out = {}
+    for label, rescore in rescores.items():
+        values = np.full(length - start, np.nan, np.float32)
+        scored = rescore.logprobs[start:length]
+        values[: len(scored)] = scored
+        out[label] = values
+    return out
+
+
 def sample_view(session: Session, status: ExportStatus = "open") -> dict[str, Any]:
     """One RL sample per segment (slime/miles field names), sharing the
     session id as their episode id."""
@@ -306,6 +326,11 @@ def sample_view(session: Session, status: ExportStatus = "open") -> dict[str, An
                 "rollout_log_probs": tokens.logprobs[start:],
                 # The policy that sampled each response token (None: mask 0).
                 "rollout_weight_versions": _token_versions(turns, start, len(tokens)),
+                # Each rescore's logprobs over the response part, by label
+                # (null where it has none).
+                "rescore_log_probs": _rescore_log_probs(
+                    segment.trajectory.rescores, start, len(tokens)
+                ),
                 "status": _SAMPLE_STATUS.get(last or "", "pending" if not turns else "completed"),
                 "metadata": session.metadata,
             }

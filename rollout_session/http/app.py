@@ -38,6 +38,7 @@ from ..session.session import SessionRegistry
 from ..session.store import SessionStore
 from ..turn.offload import Offload
 from ..turn.pause import PauseGate
+from ..turn.rescore import Rescorer
 from ..turn.runner import TurnRunner
 from ..turn.validator import AnswerValidator
 from .auth import Gate
@@ -94,6 +95,11 @@ def create_app(
     pool = WorkerPool(settings.pool_options(), tls=worker_tls)
     for url in settings.workers:
         pool.add(url)
+    teachers = None
+    if settings.teacher_workers:
+        teachers = WorkerPool(settings.pool_options(teachers=True), tls=worker_tls)
+        for url in settings.teacher_workers:
+            teachers.add(url)
     offload = Offload(
         threshold_bytes=settings.offload_threshold_bytes, threads=settings.cpu_threads
     )
@@ -143,6 +149,8 @@ def create_app(
             keep_collected_s=settings.keep_collected_s,
         ),
         tokenizer=tokenizer,
+        rescorer=Rescorer(store.registry, pool, teachers, offload),
+        teachers=teachers,
     )
     app.extensions[_EXTENSION] = ctx
 
@@ -152,6 +160,8 @@ def create_app(
             await ctx.store.open_journal(settings.journal_options())  # done under `serve`
             await app.nursery.start(ctx.store.run_journal)
         await app.nursery.start(ctx.pool.run)
+        if ctx.teachers is not None:
+            await app.nursery.start(ctx.teachers.run)
         await app.nursery.start(ctx.validator.run)
         app.nursery.start_soon(ctx.expiry.forever)
         tokenizer = await _load_model(ctx)
@@ -180,6 +190,8 @@ def create_app(
     async def shutdown() -> None:
         await ctx.engine.close_worker_sessions(ctx.registry)
         await ctx.pool.aclose()
+        if ctx.teachers is not None:
+            await ctx.teachers.aclose()
         await ctx.store.aclose()
 
     # Also werkzeug's HTTPExceptions: Quart looks handlers up along the

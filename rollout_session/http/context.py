@@ -21,6 +21,7 @@ from ..session.session import SessionRegistry
 from ..session.store import SessionStore
 from ..turn.offload import Offload
 from ..turn.pause import PauseGate
+from ..turn.rescore import Rescorer
 from ..turn.validator import AnswerValidator
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ class ServerContext:
     metrics: Metrics
     model: ServedModel
     expiry: Expiry  # the reaper
+    rescorer: Rescorer
+    # --teacher-worker: scoring only (rescores), never a rollout turn.
+    teachers: WorkerPool | None = None
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Set during startup (before serving): loading needs the worker's answer.
     tokenizer: ChatTokenizer | None = None

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..tokens import IdArray, LogprobArray, VersionSpan
+from .rescores import Rescore
 
 __all__ = ["Checkpoint", "Continuation", "TokenBuffer", "Trajectory", "Turn", "tiles"]
 
@@ -279,11 +280,13 @@ class Checkpoint(NamedTuple):
 class Trajectory:
     """Token sequence and turn records of one session."""
 
-    __slots__ = ("experts", "experts_width", "tokens", "turns")
+    __slots__ = ("experts", "experts_width", "rescores", "tokens", "turns")
 
     def __init__(self) -> None:
         self.tokens = TokenBuffer()
         self.turns: list[Turn] = []
+        # By label; each covers a prefix of the tokens (cut with them).
+        self.rescores: dict[str, Rescore] = {}
         # Little-endian int32 routed-expert ids, `experts_width` per position.
         self.experts = bytearray()
         self.experts_width: int | None = None
@@ -326,12 +329,19 @@ class Trajectory:
         if experts is not None and self.experts_width is not None:
             del self.experts[self.expert_positions(keep_turns) * 4 * self.experts_width :]
         del self.turns[keep_turns:]
-        self.tokens.truncate(self.length_after(keep_turns))
+        self._truncate(self.length_after(keep_turns))
         self.tokens.append(prompt_ids, sampled_ids, sampled_logprobs)
         self.turns.append(turn)
         if experts is not None:
             self.experts += experts
             self.experts_width = experts_width
+
+    def _truncate(self, length: int) -> None:
+        """Cut the tokens, and every rescore with them (past `length` it
+        scored tokens that are no longer the segment's)."""
+        self.tokens.truncate(length)
+        for label, rescore in self.rescores.items():
+            self.rescores[label] = rescore.cut(length)
 
     def checkpoint(self, keep_turns: int) -> Checkpoint:
         """Before `commit(keep_turns=...)`: what it replaces. O(1) unless it rolls back."""
@@ -350,7 +360,7 @@ class Trajectory:
         """Drop the turn committed after `checkpoint` and put back what it replaced."""
         keep = checkpoint.keep_turns
         del self.turns[keep:]
-        self.tokens.truncate(self.length_after(keep))
+        self._truncate(self.length_after(keep))
         for turn, ids, logprobs in checkpoint.dropped:
             split = turn.completion_start - turn.prompt_start
             self.tokens.append(ids[:split], ids[split:], logprobs)

@@ -20,6 +20,7 @@ import trio
 
 from ...errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
 from ..dialect import WorkerDialect
+from ..scoring import VLLM_SCORING
 from ..upstream import (
     TRANSPORT_ERRORS,
     ModelInfo,
@@ -139,4 +140,5 @@ VLLM_WORKERS = WorkerDialect(
     check_probe=check_vllm_probe,
     session_headers=_SESSION_HEADERS,
     abort_requests=_abort,
+    scoring=VLLM_SCORING,
 )

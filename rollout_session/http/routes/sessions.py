@@ -19,8 +19,10 @@ from quart_trio import QuartTrio
 from ...engines.kv_sessions import PRIORITY_RANGE, is_priority
 from ...errors import InvalidRequest, JournalUnavailable
 from ...export.document import ExportQuery, ExportStatus, parse_query, serialize, view_document
+from ...export.rescores import rescore_document
 from ...session.session import Session, SessionState
 from ...turn.request import parse_json_object
+from ...turn.rescore import parse_rescore
 from ..auth import SessionKeys
 from ..context import ServerContext
 from ..fleet import own_url
@@ -196,6 +198,13 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
         # is lost, and a repeated DELETE gets the same document.
         session = await store.close(session_id)
         return await document(session, "closed", query)
+
+    @app.post("/sessions/<session_id>/rescore")
+    async def rescore(session_id: str) -> Response:
+        args = parse_rescore(await read_json_object(optional=False))
+        session = await ctx.rescorer.rescore(session_id, args)
+        num_tokens = sum(len(s.trajectory) for s in session.segments())
+        return await document_response(ctx, rescore_document(session, args.label), num_tokens)
 
     async def models() -> Response:
         # At once once a worker passed admission (the card is kept after);

@@ -1,0 +1,181 @@
+"""Rescoring a session: the logprobs of exactly its tokens under another
+policy, one prefill-only request per segment (docs/training.md#rescoring).
+
+``POST /sessions/{id}/rescore`` names the target (``pinned``: the worker the
+session's turns go to; ``teacher``: one of ``--teacher-worker``, chosen per
+session; or the URL of a worker in either pool), a label, and which
+positions to keep (``sampled`` or ``all``). Each segment's ids are sent as
+they are stored — never re-tokenised — through the pool's dialect
+(`engines/scoring.py`), and every answer is validated like a turn's: the
+ids it scores are the ids sent, and every kept position has one finite
+logprob ≤ 0, or the rescore fails with a 502 and stores nothing.
+
+All or nothing, and never misaligned: the answers are stored together, in
+one synchronous step, and only on segments whose first tokens are still
+the ones scored (a turn may commit meanwhile — it extends the segment, and
+the rescore covers the prefix it scored — or roll back a turn and
+re-sample: then 409, nothing stored).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_args
+
+import numpy as np
+
+from ..engines.pool import WorkerPool
+from ..engines.scoring import Scores
+from ..errors import InvalidRequest, SessionBusy, UpstreamError, UpstreamMalformed
+from ..session.rescores import Positions, Rescore
+from ..session.session import Session, SessionRegistry
+from ..session.trajectory import Trajectory
+from ..tokens import IdArray
+from .offload import Offload
+
+__all__ = ["RescoreRequest", "Rescorer", "parse_rescore"]
+
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+_FIELDS = frozenset({"target", "label", "positions"})
+
+
+@dataclass(frozen=True, slots=True)
+class RescoreRequest:
+    target: str  # "pinned", "teacher" or a worker's URL
+    label: str
+    positions: Positions
+
+
+def parse_rescore(body: dict[str, Any]) -> RescoreRequest:
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s) {unknown}; a rescore takes {sorted(_FIELDS)}", param=unknown[0]
+        )
+    target = body.get("target")
+    if not isinstance(target, str) or not target:
+        raise InvalidRequest(
+            'target must be "pinned", "teacher" or the URL of a worker', param="target"
+        )
+    label = body.get("label")
+    if not isinstance(label, str) or not _LABEL.fullmatch(label):
+        raise InvalidRequest(
+            "label must be 1-64 letters, digits or _.:- (starting with a letter or digit)",
+            param="label",
+        )
+    positions = body.get("positions", "sampled")
+    if positions not in get_args(Positions):
+        raise InvalidRequest('positions must be "sampled" or "all"', param="positions")
+    return RescoreRequest(target, label, positions)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    trajectory: Trajectory
+    ids: IdArray
+    rescore: Rescore
+
+
+class Rescorer:
+    def __init__(
+        self,
+        registry: SessionRegistry,
+        pool: WorkerPool,
+        teachers: WorkerPool | None,
+        offload: Offload,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._registry = registry
+        self._pool = pool
+        self._teachers = teachers
+        self._offload = offload
+        self._clock = clock
+
+    def _route(self, session: Session, target: str) -> tuple[WorkerPool, str]:
+        """The pool and the worker that score `session` for `target`."""
+        if target == "pinned":
+            if session.worker is None:
+                raise InvalidRequest(
+                    "the session has no pinned worker yet (no turn was taken)", param="target"
+                )
+            return self._pool, self._pool.scorer(session.worker, session.id)
+        if target == "teacher":
+            if self._teachers is None:
+                raise InvalidRequest(
+                    "no teacher workers: start the server with --teacher-worker URL",
+                    param="target",
+                )
+            return self._teachers, self._teachers.scorer(None, session.id)
+        for pool in (self._pool, self._teachers):
+            if pool is not None and pool.knows(target):
+                return pool, pool.scorer(target, session.id)
+        raise InvalidRequest(
+            f'target {target!r} is neither "pinned", "teacher" nor a worker in the pool '
+            "or among the teacher workers",
+            param="target",
+        )
+
+    async def rescore(self, session_id: str, request: RescoreRequest) -> Session:
+        """Score every segment of the session and store the rescores under
+        `request.label` (replacing one of that label); return the session."""
+        session = self._registry.get(session_id)
+        pool, url = self._route(session, request.target)
+        model = pool.served.model if pool.served is not None else None
+        scored = []
+        for segment in session.segments():
+            trajectory = segment.trajectory
+            ids = trajectory.tokens.ids
+            scores = await self._score(pool, url, session.id, ids, model)
+            keep = trajectory.tokens.mask.astype(bool)
+            if request.positions == "all":
+                keep[:] = True
+                keep[:1] = False  # nothing precedes the first token
+            missing = np.flatnonzero(keep & np.isnan(scores.logprobs))
+            if len(missing):
+                reason = f"gave no logprob for position {int(missing[0])} of {len(ids)}"
+                pool.report_failure(url, reason)
+                raise UpstreamMalformed(f"worker's scoring answer {reason}", kind="missing")
+            pool.report_success(url)
+            logprobs = np.where(keep, scores.logprobs, np.float32(np.nan)).astype(np.float32)
+            rescore = Rescore(
+                logprobs=logprobs,
+                positions=request.positions,
+                target=request.target,
+                worker=url,
+                model=model,
+                weight_version=scores.weight_version,
+                created_at=self._clock(),
+            )
+            scored.append(_Scored(trajectory, ids, rescore))
+        # One synchronous step: check every segment, then store every rescore.
+        for item in scored:
+            tokens = item.trajectory.tokens
+            n = len(item.ids)
+            if len(tokens) < n or not np.array_equal(tokens.prefix_ids(n), item.ids):
+                raise SessionBusy(
+                    f"session {session.id} rolled back a turn while it was rescored: "
+                    "nothing was stored; rescore it again"
+                )
+        for item in scored:
+            item.trajectory.rescores[request.label] = item.rescore
+        return session
+
+    async def _score(
+        self, pool: WorkerPool, url: str, key: str, ids: IdArray, model: str | None
+    ) -> Scores:
+        scoring = pool.dialect.scoring
+        reply = await pool.score(url, key, scoring.body(ids, model or ""))
+        if reply.status != 200:
+            raise UpstreamError(
+                f"worker {url} answered the scoring request with {reply.status}: "
+                f"{reply.body[:300].decode('utf-8', 'replace')}"
+            )
+        try:
+            # ~30 bytes of JSON per position: decoded off the loop when large.
+            return await self._offload.run(len(reply.body), scoring.read, reply.body, ids)
+        except UpstreamMalformed as exc:
+            pool.report_failure(url, str(exc))
+            raise
