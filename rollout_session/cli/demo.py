@@ -111,10 +111,15 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
         ) from None
     settings = demo_parsers(settings, template or _tokenizer_template(tokenizer))
     urls = list(settings.workers)
+    teachers = list(settings.teacher_workers)
     vllm = settings.engine == "vllm"
-    for i in range(settings.demo_workers):
+    # The workers, then (unless --teacher-worker names some) one teacher: an
+    # emulator with a seed of its own, so it scores the same tokens
+    # differently (rescore target "teacher").
+    for i in range(settings.demo_workers + (0 if teachers else 1)):
+        teacher = i == settings.demo_workers
         config = EmulatorConfig(
-            seed=i,
+            seed=1000 if teacher else i,
             tokenizer_path=Path(tokenizer),
             chat_template=template,
             reasoning=settings.demo_reasoning,
@@ -128,6 +133,12 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
         )
         running, _ = await start_emulator(nursery, config, host="127.0.0.1")
         kind = "vLLM" if vllm else "SGLang"
-        print(f"demo {kind} emulator worker {i} on {running.url}", flush=True)
-        urls.append(running.url)
-    return replace(settings, workers=tuple(urls), tokenizer=tokenizer)
+        if teacher:
+            print(f"demo {kind} emulator teacher on {running.url}", flush=True)
+            teachers.append(running.url)
+        else:
+            print(f"demo {kind} emulator worker {i} on {running.url}", flush=True)
+            urls.append(running.url)
+    return replace(
+        settings, workers=tuple(urls), teacher_workers=tuple(teachers), tokenizer=tokenizer
+    )

@@ -101,6 +101,15 @@ class Rescorer:
                 raise InvalidRequest(
                     "the session has no pinned worker yet (no turn was taken)", param="target"
                 )
+            served = self._pool.served.model if self._pool.served is not None else None
+            if session.model is not None and served is not None and session.model != served:
+                # An adapter ("served:adapter", or one vLLM lists by name):
+                # scoring the base model instead would be silently wrong.
+                raise InvalidRequest(
+                    f"the session's turns were sampled by {session.model!r}, not the served "
+                    f"model {served!r}: rescoring an adapter is not supported",
+                    param="target",
+                )
             return self._pool, self._pool.scorer(session.worker, session.id)
         if target == "teacher":
             if self._teachers is None:
@@ -127,9 +136,10 @@ class Rescorer:
         scored = []
         for segment in session.segments():
             trajectory = segment.trajectory
+            # Both before the request: a turn may commit while it is out.
             ids = trajectory.tokens.ids
-            scores = await self._score(pool, url, session.id, ids, model)
             keep = trajectory.tokens.mask.astype(bool)
+            scores = await self._score(pool, url, session.id, ids, model)
             if request.positions == "all":
                 keep[:] = True
                 keep[:1] = False  # nothing precedes the first token

@@ -32,7 +32,14 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
 
     @app.get("/workers")
     async def list_workers() -> Response:
-        return json_response({"workers": [w.summary() for w in pool.workers.values()]})
+        teachers = ctx.teachers.workers.values() if ctx.teachers is not None else ()
+        return json_response(
+            {
+                "workers": [w.summary() for w in pool.workers.values()],
+                # --teacher-worker: scoring only (docs/training.md#rescoring).
+                "teachers": [w.summary() for w in teachers],
+            }
+        )
 
     @app.post("/workers")
     async def add_worker() -> Response:

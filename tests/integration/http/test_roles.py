@@ -37,6 +37,7 @@ TRAINER_ROUTES: list[Route] = [
     ("GET", "/sessions/{sid}", None),
     ("GET", "/sessions/{sid}/trajectory", None),
     ("GET", "/sessions/{sid}/diff", None),
+    ("POST", "/sessions/{sid}/rescore", {"target": "pinned", "label": "t"}),
     ("DELETE", "/sessions/{sid}", None),
 ]
 OPERATOR_ROUTES: list[Route] = [
