@@ -68,6 +68,7 @@ from rollout_session.testing.generation import (
 )
 from rollout_session.testing.gpu import GpuModel
 from rollout_session.testing.kv_sessions import SessionError, SessionTable, SessionTurn
+from rollout_session.testing.logprobs import LogprobModel
 from rollout_session.testing.parse_memo import ParseMemo
 from rollout_session.testing.prefix_cache import PrefixCache
 from rollout_session.testing.sglang_answer import chat_response, routed_experts_blob
@@ -87,6 +88,7 @@ from rollout_session.testing.vllm_generate import (
     VllmError,
     VllmServer,
     check_request,
+    not_modelled,
 )
 from rollout_session.testing.vllm_generate import (
     error_body as vllm_error_body,
@@ -102,7 +104,6 @@ from rollout_session.testing.weights import (
     Run,
     Span,
     Weights,
-    policy_logprobs,
 )
 
 __all__ = ["ChatRecord", "Emulator", "EmulatorConfig"]
@@ -235,6 +236,9 @@ class Emulator:
             session_refs=config.enable_session_radix_cache,
         )
         self.gpu = GpuModel(self.cache, on_change=self._notify)
+        # The model's logprob of a token in its context, under a weight version
+        # (sampled tokens and prompt logprobs alike: `logprobs`).
+        self.logprob_model = LogprobModel(config.seed)
         self.faults = FaultPicker(config.fault, config.fault_rate, config.seed)
         self.requests = RecordLog(maxlen=config.record_limit)
         self.received = 0
@@ -620,22 +624,26 @@ class Emulator:
         abort = run.abort
         if abort is not None:
             finish = WAITING_ABORTED if abort.waiting else ABORTED
-            sample = self.speaker.segment(sample, 0, abort.tokens, dict(finish))
+            if sample.ids:
+                sample = self.speaker.segment(sample, 0, abort.tokens, dict(finish))
+                self.parsed.note(_text_ids(sample), sample.message)
+            else:  # prefill only: nothing sampled to cut
+                sample = replace(sample, finish=dict(finish))
             if not abort.waiting:
                 # It finished (aborted): its KV stays in the radix cache.
                 self.cache.insert([*prompt, *sample.ids])
-            self.parsed.note(_text_ids(sample), sample.message)
         spans = self.weights.spans(run, len(sample.ids))
-        return self._policy(sample, spans, len(prompt)), spans
+        return replace(sample, logprobs=self._policy(prompt, sample.ids, spans)), spans
 
-    def _policy(self, sample: Sample, spans: Sequence[Span], first_position: int) -> Sample:
-        """`sample` with the logprobs of its tokens sampled under another
-        label than the worker's first moved (`weights.policy_logprobs`)."""
-        initial = self.weights.initial_version
-        if all(span.version == initial for span in spans):
-            return sample
-        logprobs = policy_logprobs(sample.logprobs, sample.ids, spans, initial, first_position)
-        return replace(sample, logprobs=logprobs)
+    def _policy(
+        self, prompt: Sequence[int], ids: Sequence[int], spans: Sequence[Span]
+    ) -> list[float]:
+        """The logprobs of the answer ``ids`` after ``prompt``, each token's
+        under the weight version that sampled it (its span's): the model's
+        logprob of it in context (`LogprobModel`), which a prefill of the
+        same ids under that version reports too."""
+        versions = [(span.version, span.start, span.end) for span in spans]
+        return self.logprob_model.sampled(prompt, ids, versions)
 
     def _sample(
         self,
@@ -697,6 +705,11 @@ class Emulator:
                     reasoning,
                 ),
                 reading,
+                # Under the version sampling now; `_settle` rescores a token
+                # whose decode step ended under another (its span's).
+                lambda ids: self.logprob_model.sampled(
+                    prompt, ids, [(self.weights.version, 0, len(ids))]
+                ),
             )
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
@@ -765,8 +778,17 @@ class Emulator:
         error = sampling_error(sampling, vocab)
         if error is not None:
             raise BadRequest(error)
-        if max_new == 0:
-            raise BadRequest("the emulator does not model prefill-only requests (max_new_tokens 0)")
+        if max_new == 0:  # prefill only (Req.is_prefill_only): the prompt's logprobs
+            if params is not None and params.get("id") is not None:
+                raise BadRequest(
+                    "the emulator does not model prefill-only requests (max_new_tokens 0) "
+                    "in a session (session_params)"
+                )
+            if lax_true(body.get("return_routed_experts")):
+                raise BadRequest(
+                    "the emulator does not model routed experts of a prefill-only request "
+                    "(max_new_tokens 0)"
+                )
         _check_priority(body)
         given_rid = body.get("rid")
         rid = given_rid if isinstance(given_rid, str) else uuid.uuid4().hex
@@ -795,7 +817,8 @@ class Emulator:
             self._sessions_changed()
         cached = run.progress.cached
         self._count_work(len(prompt), cached)
-        meta = self._generate_meta(body, rid, prompt, answer, run, spans, cached, arrival)
+        start = _logprob_start(body, prompt, turn)
+        meta = self._generate_meta(body, rid, prompt, answer, run, spans, cached, arrival, start)
         skip = sampling.get("skip_special_tokens")
         text = self._detokenize(
             prompt,
@@ -817,9 +840,11 @@ class Emulator:
         spans: list[Span],
         cached: int,
         arrival: float,
+        start: int | None,
     ) -> dict[str, Any]:
         """``/generate``'s ``meta_info`` (TM ``_handle_batch_output``; for a
-        request aborted in the waiting queue, ``_handle_abort_req``'s)."""
+        request aborted in the waiting queue, ``_handle_abort_req``'s).
+        ``start``: the scheduler's ``logprob_start_len`` (`_logprob_start`)."""
         n = len(sample.ids)
         reported = _reported_spans(spans)
         waiting = run.abort is not None and run.abort.waiting
@@ -836,13 +861,17 @@ class Emulator:
                 num_retractions=run.progress.retractions,
             )
         if body.get("return_logprob"):
+            with_text = body.get("return_text_in_logprobs") is True
             texts: list[str | None] = (
-                list(self.speaker.template.decode_pieces(sample.ids))
-                if body.get("return_text_in_logprobs")
-                else [None] * n
+                list(self.speaker.template.decode_pieces(sample.ids)) if with_text else [None] * n
             )
-            # logprob_start_len -1 starts at the prompt's end: no input entries.
-            meta["input_token_logprobs"] = []
+            # The prefill's (its weights are the first token's: spans[0]); a
+            # request aborted in the waiting queue was never prefilled.
+            meta["input_token_logprobs"] = (
+                []
+                if waiting or start is None
+                else self._input_logprobs(prompt, start, spans[0].version, with_text)
+            )
             meta["output_token_logprobs"] = [
                 [lp, tok, text]
                 for lp, tok, text in zip(sample.logprobs, sample.ids, texts, strict=True)
@@ -863,6 +892,24 @@ class Emulator:
             meta["routed_experts"] = routed
         meta["e2e_latency"] = trio.current_time() - arrival
         return meta
+
+    def _input_logprobs(
+        self, prompt: list[int], start: int, version: str, with_text: bool
+    ) -> list[list[Any]]:
+        """SGLang's ``input_token_logprobs`` from ``logprob_start_len`` ``start``:
+        ``[logprob, id, text]`` for the prompt tokens ``start..n-1``, the
+        first always ``[null, id, text]`` (``_process_input_token_logprobs``:
+        ``[None] + input_token_logprobs[:-1]``), the rest the model's
+        logprob of each token after the ones before it (`LogprobModel`)."""
+        ids = prompt[start:]
+        if not ids:
+            return []
+        values: list[float | None] = [None]
+        values.extend(self.logprob_model.score(prompt, version, start + 1).logprobs())
+        if not with_text:
+            return [[lp, tok, None] for lp, tok in zip(values, ids, strict=True)]
+        texts = self.speaker.template.decode_pieces(ids)
+        return [list(entry) for entry in zip(values, ids, texts, strict=True)]
 
     def _detokenize(self, prompt: Sequence[int], ids: Sequence[int], skip: bool) -> str:
         """The detokenizer's text of a completion: decoded after the last
@@ -901,9 +948,15 @@ class Emulator:
         except ValueError as exc:  # the grammar does not compile: the scheduler aborts
             raise BadRequest(str(exc)) from exc
         room = cfg.context_length - len(prompt)
-        budget = max(1, room if max_new is None else min(max_new, room))
-        sample = self._sample(prompt, sampling.get("sampling_seed"), budget, constraint)
-        self._routed_experts(body, prompt, sample)  # a bad start is refused before any work
+        if max_new == 0:  # prefill only: nothing sampled (tp_worker skips sampling)
+            sample = _prefill_only()
+        else:
+            budget = max(1, room if max_new is None else min(max_new, room))
+            sample = self._sample(prompt, sampling.get("sampling_seed"), budget, constraint)
+            self._routed_experts(body, prompt, sample)  # a bad start is refused before any work
+        start = _logprob_start(body, prompt, turn)
+        # Req._compute_max_prefix_len: the cache serves at most logprob_start_len tokens.
+        reuse = start if start is not None and start < len(prompt) else None
         await self.weights.admit_sglang(rid)
         with self.weights.run(rid, "sglang") as run:
             if turn is None or not turn.streaming:
@@ -911,7 +964,9 @@ class Emulator:
                 # session_params session: both reference their KV under the flag.
                 hint = body.get("session_id") if turn is None else turn.session_id
                 ref = self.cache.session_ref(hint if isinstance(hint, str) else None)
-                await self.gpu.serve(cfg, prompt, sample.ids, ref, progress=run.progress)
+                await self.gpu.serve(
+                    cfg, prompt, sample.ids, ref, progress=run.progress, reuse=reuse
+                )
             else:
                 await self.gpu.serve(
                     cfg,
@@ -1079,25 +1134,74 @@ class Emulator:
         )
         if fault == "abort":  # aborted mid-decode: one token short
             outcome = aborted(outcome, len(outcome.ids) - 1, self._decode, s, whole_text)
+        scored = s.prompt_logprobs is not None
+        decoded = self._decoded_prompt(prompt) if scored and s.detokenize else None
         if self.weights.refuses_vllm():  # /pause in abort or wait mode
             return VllmError(_VLLM_PAUSED, type_="ServiceUnavailableError", code=503).reply()
         with self.weights.run(engine_id, "vllm") as run:
             if fault == "stall":
                 await trio.sleep_forever()
-            await self.gpu.serve(cfg, prompt, outcome.ids, None, progress=run.progress)
+            # Prompt logprobs skip reading the prefix cache (SamplingParams
+            # __post_init__: skip_reading_prefix_cache).
+            await self.gpu.serve(
+                cfg, prompt, outcome.ids, None, progress=run.progress, reuse=0 if scored else None
+            )
         cached = run.progress.cached
         if run.abort is not None:  # /inference/v1/abort_requests, /pause, /abort_requests
             outcome = aborted(outcome, run.abort.tokens, self._decode, s, whole_text)
             if run.progress.phase == "decode":
                 self.cache.insert([*prompt, *outcome.ids])  # its computed blocks stay cached
         spans = self.weights.spans(run, len(outcome.ids))
-        if any(span.version != self.weights.initial_version for span in spans):
-            logprobs = policy_logprobs(
-                outcome.logprobs, outcome.ids, spans, self.weights.initial_version, len(prompt)
+        outcome = replace(outcome, logprobs=self._policy(prompt, outcome.ids, spans))
+        prompt_logprobs = None
+        if scored and (run.abort is None or run.progress.phase in ("decode", "done")):
+            # Computed by the prefill, whose weights sampled the first token;
+            # an abort before the prefill ended leaves none.
+            version = spans[0].version if spans else None
+            if version is None and run.abort is not None:
+                version = run.abort.version  # vLLM closes an aborted request's label
+            prompt_logprobs = self._prompt_logprobs(
+                prompt, version or self.weights.version, decoded
             )
-            outcome = replace(outcome, logprobs=logprobs)
         self._count_work(len(prompt), cached)
-        return self._vllm_reply(request, engine_id, sample.message, outcome, cached, fault, spans)
+        return self._vllm_reply(
+            request, engine_id, sample.message, outcome, cached, fault, spans, prompt_logprobs
+        )
+
+    def _decoded_prompt(self, prompt: list[int]) -> list[str]:
+        """``decoded_token`` of each prompt token (``convert_ids_list_to_tokens``:
+        ``tokenizer.decode([id])``, no leading-space marker in the emulator's
+        byte-level tokenizers); a piece ending in U+FFFD, which vLLM corrects
+        from the tokens before it (``LogprobsProcessor._verify_tokens``), is
+        refused as not modelled."""
+        pieces = [str(p) for p in self.model.tokenizer.batch_decode([[t] for t in prompt[1:]])]
+        if any(piece.endswith("\ufffd") for piece in pieces):
+            raise not_modelled(
+                "prompt logprobs of a prompt with byte-fallback tokens with detokenize: true "
+                "(send detokenize: false)",
+                "prompt_logprobs",
+            )
+        return pieces
+
+    def _prompt_logprobs(
+        self, prompt: list[int], version: str, decoded: list[str] | None
+    ) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's ``prompt_logprobs`` for ``prompt_logprobs: 0``: ``None``
+        for the first token (``create_prompt_logprobs``), then per position
+        ``{"<id>": {"logprob", "rank", "decoded_token"}}``, the prompt token
+        alone (``append_logprobs_for_next_position``), its logprob the
+        model's (`LogprobModel`; never -inf, so ``clamp_prompt_logprobs``
+        changes nothing)."""
+        scores = self.logprob_model.score(prompt, version, 1)
+        pieces: Sequence[str | None] = decoded if decoded is not None else [None] * len(scores)
+        out: list[dict[str, dict[str, Any]] | None] = [None]
+        out.extend(
+            {str(tok): {"logprob": lp, "rank": rank, "decoded_token": piece}}
+            for tok, lp, rank, piece in zip(
+                prompt[1:], scores.logprobs(), scores.ranks(), pieces, strict=True
+            )
+        )
+        return out
 
     def _vllm_reply(
         self,
@@ -1108,6 +1212,7 @@ class Emulator:
         cached: int,
         fault: str | None,
         spans: Sequence[Span],
+        prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None,
     ) -> Reply:
         cfg = self.config
         prompt = request.token_ids
@@ -1143,6 +1248,7 @@ class Emulator:
             message=message,
             hide_metadata=context is not None and not context.include_reasoning,
             token=self._token_text,
+            prompt_logprobs=prompt_logprobs,
         )
         if fault is None or fault in ("abort", "stall"):
             return Reply(200, orjson.dumps(answer))
@@ -1291,18 +1397,38 @@ def _check_lengths(context_length: int, prompt_tokens: int, max_new: int | None)
 def _check_logprob_start(start: int | None, prompt_tokens: int) -> None:
     """``logprob_start_len`` with ``return_logprob`` (the scheduler's
     ``_handle_generate_request``): -1 (the default) starts at the prompt's end;
-    past it, SGLang aborts the request; inside the prompt it would return
-    prompt logprobs, which the emulator does not have."""
-    if start is None or start == -1 or start == prompt_tokens:
+    past it, SGLang aborts the request; inside it, the prompt's logprobs from
+    there. Below -1 is not modelled."""
+    if start is None or start == -1:
         return
     if start > prompt_tokens:
         raise BadRequest(
             f"req.logprob_start_len={start} is higher than the number of input tokens "
             f"len(req.origin_input_ids)={prompt_tokens}. Please use a smaller logprob_start_len."
         )
-    raise BadRequest(
-        "the emulator has no prompt logprobs: send logprob_start_len -1 (or the prompt length)"
-    )
+    if start < -1:
+        raise BadRequest(f"the emulator does not model logprob_start_len {start} (below -1)")
+
+
+def _logprob_start(body: dict[str, Any], prompt: list[int], turn: SessionTurn | None) -> int | None:
+    """The scheduler's ``logprob_start_len`` of a checked request (None
+    without ``return_logprob``): -1 or none is the prompt's end (no input
+    logprobs: ``_handle_generate_request``), and so is any start in a
+    streaming session (``Req.init_next_round_input`` overrides it to -1)."""
+    if not body.get("return_logprob"):
+        return None
+    start = body.get("logprob_start_len")
+    if start is None or start == -1 or (turn is not None and turn.streaming):
+        return len(prompt)
+    assert isinstance(start, int) and 0 <= start <= len(prompt)
+    return start
+
+
+def _prefill_only() -> Sample:
+    """A prefill-only request's answer (``max_new_tokens`` 0): no token
+    (``output_ids_through_stop`` is ``output_ids[:finished_len]``, 0), finished
+    ``{"type": "length", "length": 0}`` (``Req.update_finish_state``)."""
+    return Sample([], [], {"type": "length", "length": 0}, 0, {"role": "assistant", "content": ""})
 
 
 # Keys a batched /generate request makes lists of (the emulator serves one request per call).

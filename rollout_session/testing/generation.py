@@ -10,8 +10,9 @@ emulator speaks each family's tool-call, reasoning and end-of-turn format
 DeepSeek's ``<｜tool▁calls▁begin｜>``, harmony channels ending ``<|call|>`` or
 ``<|return|>``, GLM stopping on the next role marker) with no per-family
 table. The parsed message SGLang would return is the answer itself, as its
-tool-call and reasoning parsers would give it back. Seeded logprobs and the
-finish reason complete the sample; the response JSON is `sglang_answer`.
+tool-call and reasoning parsers would give it back. The model's logprobs of
+the sampled ids (`logprobs.LogprobModel`, given by the caller) and the finish
+reason complete the sample; the response JSON is `sglang_answer`.
 
 Ids are canonical (they are the tokenisation of the rendered text), so a
 re-render of the conversation reproduces them wherever the template does not
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -173,7 +174,11 @@ class Speaker:
         """What the model reads from its prompt (`prompt_reader`)."""
         return self.reader.read(prompt_ids)
 
-    def sample(self, spec: SampleSpec, reading: Reading) -> Sample:
+    def sample(
+        self, spec: SampleSpec, reading: Reading, score: Callable[[list[int]], list[float]]
+    ) -> Sample:
+        """The model's answer to the prompt `reading` read; `score` gives the
+        model's logprobs of answer ids after that prompt (`LogprobModel`)."""
         rng = np.random.default_rng(spec.seed)
         context = reading.context(self.call_ids(0))
         tools, kwargs = reading.openai_tools, reading.kwargs
@@ -210,9 +215,9 @@ class Speaker:
             ids = self._text(rng, spec.target_tokens, context, answer, tools, kwargs)
         stopped = ids[-1] in self.template.stop_ids
         finish: dict[str, Any] = {"type": "stop", "matched": ids[-1]}
-        # Strictly negative, like a real sampler's log-probabilities; drawn
-        # for the whole answer, so a cut answer's are the whole one's first.
-        logprobs = (-np.round(rng.exponential(0.3, len(ids)) + 1e-4, 4)).tolist()
+        # The model's logprobs of its tokens in context (`LogprobModel`):
+        # scored for the whole answer, so a cut answer's are the whole one's first.
+        logprobs = score(ids)
         if len(ids) > spec.max_tokens:
             ids, logprobs = ids[: spec.max_tokens], logprobs[: spec.max_tokens]
             finish = {"type": "length", "length": spec.max_tokens}

@@ -238,6 +238,7 @@ class GpuModel:
         held: int | None = None,
         fill: Literal["all", "prompt", "none"] = "all",
         progress: Progress | None = None,
+        reuse: int | None = None,
     ) -> int:
         """Wait the request's GPU time and update the cache; returns its cached tokens.
 
@@ -248,6 +249,9 @@ class GpuModel:
         arrival, registered when it finishes (not when its prefill is published).
         ``progress``: where the request is, for aborts, retractions and
         version changes (kept current; one is made when not given).
+        ``reuse``: at most this many prompt tokens are served from the cache
+        (SGLang's ``logprob_start_len`` with ``return_logprob``; 0: vLLM's
+        ``skip_reading_prefix_cache`` for prompt logprobs).
         """
         p = progress if progress is not None else Progress()
         p.total = len(sampled)
@@ -256,7 +260,7 @@ class GpuModel:
         # Without contention the cache is looked up on arrival.
         arrival_cached = None
         if not contention:
-            arrival_cached = self.cache.match(prompt) if held is None else held
+            arrival_cached = self._match(prompt, reuse) if held is None else held
         await trio.lowlevel.checkpoint()
         await self._run_for(costs.base_latency_s)
         context: Sequence[int] = prompt
@@ -271,12 +275,12 @@ class GpuModel:
                 self._on_change()
             if contention:
                 cached = await self._prefill(
-                    context, costs.prefill_s_per_token, lookup, fill != "none", p
+                    context, costs.prefill_s_per_token, lookup, fill != "none", p, reuse
                 )
                 if cached is None:  # retracted mid-prefill: queue for it again
                     continue
             else:
-                cached = arrival_cached if p.prefills == 1 else self.cache.match(context)
+                cached = arrival_cached if p.prefills == 1 else self._match(context, reuse)
                 assert cached is not None
                 seconds = costs.prefill_s_per_token * (len(context) - cached)
                 if not await self._run_for(seconds, p):
@@ -290,6 +294,10 @@ class GpuModel:
         self._on_change()
         self._fill(prompt, sampled, session, fill)
         return p.cached
+
+    def _match(self, prompt: Sequence[int], reuse: int | None) -> int:
+        cached = self.cache.match(prompt)
+        return cached if reuse is None else min(cached, reuse)
 
     def _fill(
         self,
@@ -336,6 +344,7 @@ class GpuModel:
         held: int | None,
         publish: bool,
         progress: Progress,
+        reuse: int | None,
     ) -> int | None:
         """One prefill on the GPU (FIFO); None when it was retracted midway."""
         self.prefill_waiting += 1
@@ -344,7 +353,7 @@ class GpuModel:
             async with self._prefill_lock:
                 progress.phase = "prefill"
                 self._on_change()
-                cached = self.cache.match(prompt) if held is None else held
+                cached = self._match(prompt, reuse) if held is None else held
                 seconds = s_per_token * (len(prompt) - cached)
                 if seconds > 0:
                     self._set_prefilling(True)

@@ -41,6 +41,7 @@ from typing import Any, Final
 import numpy as np
 
 from rollout_session.testing.generate_params import ToolConstraint, array_tool_constraint
+from rollout_session.testing.logprobs import rank_of
 from rollout_session.testing.sglang_answer import routed_experts
 from rollout_session.testing.vllm_generate import (
     GenerateRequest,
@@ -379,11 +380,11 @@ def _logprobs(
     sampled token first); text: ``ChatCompletionLogProbs`` with every
     candidate; derender: the chat cut (``chat_top_logprobs_limit``: none for
     ``logprobs`` 0). The emulator's only candidate is the sampled token, of
-    rank 1."""
+    the rank its logprob allows (`logprobs.rank_of`, as its prompt logprobs)."""
     content: list[dict[str, Any]] = []
     for tok, lp in zip(ids, logprobs, strict=True):
         if mode == "tokens":
-            top = {"token_id": tok, "logprob": lp, "rank": 1}
+            top = {"token_id": tok, "logprob": lp, "rank": rank_of(lp)}
             content.append({**top, "top_logprobs": [top]})
             continue
         text = token(tok)
@@ -405,12 +406,15 @@ def generate_answer(
     message: tuple[dict[str, Any], str] | None,
     hide_metadata: bool,
     token: Callable[[int], str],
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None,
 ) -> dict[str, Any]:
     """The non-streaming answer (``GenerateResponseBase`` fields, then
     ``output_mode``, then ``choices``); ``cached_tokens`` None: no
     ``prompt_tokens_details`` (without --enable-prompt-tokens-details);
     ``weight_versions``: the output's spans (``CompletionOutput.weight_versions``:
-    ``output_processor.py`` ``_weight_version_spans``, [] without tokens)."""
+    ``output_processor.py`` ``_weight_version_spans``, [] without tokens);
+    ``prompt_logprobs``: the request's (``_build_response_fields``), None
+    unless it asked for them."""
     n = len(outcome.ids)
     mode = request.output_mode
     logprobs = (
@@ -457,7 +461,7 @@ def generate_answer(
             "prompt_tokens_details": details,
             "completion_tokens_details": None,
         },
-        "prompt_logprobs": None,
+        "prompt_logprobs": prompt_logprobs,
         "prompt_token_id_logprobs": None,
         "prompt_token_ids": list(request.token_ids) if request.return_token_ids else None,
         "mm_placeholders": None,

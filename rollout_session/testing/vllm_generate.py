@@ -24,9 +24,9 @@ TP = ``entrypoints/scale_out/token_in_token_out/protocol.py``, TS = its
    ``routed_experts_prompt_start``, ``min_tokens`` against an unset
    ``max_tokens``.
 4. The emulator's own refusals: what vLLM accepts but the emulator does not
-   model (streaming, ``n`` > 1, top logprobs, grammars other than a JSON
-   schema or ``json_object``, ...): a 400 ``BadRequestError`` saying so,
-   never a silent approximation.
+   model (streaming, ``n`` > 1, top logprobs and top prompt logprobs,
+   grammars other than a JSON schema or ``json_object``, ...): a 400
+   ``BadRequestError`` saying so, never a silent approximation.
 
 `check_request` runs them all and returns the request the emulator serves,
 or raises `VllmError` (its ``reply()`` is vLLM's error body:
@@ -1225,8 +1225,12 @@ def _emulator_refusals(f: _Fields, server: VllmServer) -> None:
             "null or 0)",
             "logprobs",
         )
-    if s.prompt_logprobs is not None:
-        raise not_modelled("prompt logprobs (sampling_params.prompt_logprobs)", "prompt_logprobs")
+    if s.prompt_logprobs not in (None, 0):
+        raise not_modelled(
+            "top prompt logprobs: it has only each prompt token's own "
+            "(sampling_params.prompt_logprobs must be null or 0)",
+            "prompt_logprobs",
+        )
     if s.ignore_eos:
         raise not_modelled(
             "ignore_eos: its model always ends its answer (sampling_params.ignore_eos)",

@@ -64,7 +64,6 @@ The modelled behaviour:
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -85,7 +84,6 @@ __all__ = [
     "Run",
     "Span",
     "Weights",
-    "policy_logprobs",
     "version_spans",
 ]
 
@@ -174,33 +172,6 @@ def version_spans(
     return spans
 
 
-def policy_logprobs(
-    logprobs: Sequence[float],
-    ids: Sequence[int],
-    spans: Sequence[Span],
-    initial: str,
-    first_position: int,
-) -> list[float]:
-    """The logprobs of ``ids`` as the policy that sampled each reports them:
-    the model's own under the ``initial`` label, else moved down by a
-    deterministic amount in [0.05, 0.5) that depends on the label, the
-    token's position in the sequence (``first_position`` for ``ids[0]``:
-    the prompt's length) and the token. Finite and negative; the ids never
-    depend on the version, so tests can tell which policy sampled a token
-    from its logprob alone."""
-    out = list(logprobs)
-    for span in spans:
-        if span.version == initial:
-            continue
-        for i in range(span.start, min(span.end, len(out))):
-            h = hashlib.blake2b(
-                f"{span.version}:{first_position + i}:{ids[i]}".encode(), digest_size=8
-            )
-            shift = 0.05 + 0.45 * int.from_bytes(h.digest(), "little") / 2**64
-            out[i] = round(out[i] - shift, 4)
-    return out
-
-
 class Weights:
     """The weight version, pause and in-flight requests of one emulator."""
 
@@ -220,7 +191,7 @@ class Weights:
         self._notify = notify
         self._wait_until = wait_until
         self._flush_cache = flush_cache
-        # The label the worker started with: its tokens' logprobs are the model's own.
+        # The label the worker started with (/server_info's).
         self.initial_version = version
         # The label the scheduler (SGLang) / engine core (vLLM) samples under:
         # what answers report.

@@ -470,12 +470,18 @@ async def test_fastapi_validation_comes_first(serve: Serve, fields: dict[str, An
         {"image_data": "http://x/y.png"},
         {"rid": ["a", "b"]},
         {"return_logprob": True, "top_logprobs_num": 2},
-        {"return_logprob": True, "logprob_start_len": 0},
+        {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1},
+        {"return_logprob": True, "logprob_start_len": -2},
         {"sampling_params": {"n": 2}},
-        {"sampling_params": {"max_new_tokens": 0}},
+        {"sampling_params": {"max_new_tokens": 0}, "session_params": {"id": "s"}},
+        {"sampling_params": {"max_new_tokens": 0}, "return_routed_experts": True},
     ],
-    ids=["text", "image", "batch-rid", "top-logprobs", "prompt-logprobs", "n-2", "prefill-only"],
-)
+    ids=[
+        "text", "image", "batch-rid", "top-logprobs", "top-prompt-logprobs",
+        "logprob-start-below-minus-one", "n-2", "prefill-only-session",
+        "prefill-only-routed-experts",
+    ],
+)  # fmt: skip
 async def test_what_the_emulator_cannot_answer_is_refused(
     serve: Serve, fields: dict[str, Any]
 ) -> None:

@@ -524,9 +524,13 @@ REFUSALS: dict[str, tuple[Any, int, str, str | None, str]] = {
         _body(sampling={"ignore_eos": True}), 400, "BadRequestError", "ignore_eos",
         "the emulator does not model ignore_eos",
     ),
-    "prompt-logprobs": (
-        _body(sampling={"prompt_logprobs": 0}), 400, "BadRequestError", "prompt_logprobs",
-        "the emulator does not model prompt logprobs",
+    "top-prompt-logprobs": (
+        _body(sampling={"prompt_logprobs": 2}), 400, "BadRequestError", "prompt_logprobs",
+        "the emulator does not model top prompt logprobs",
+    ),
+    "all-prompt-logprobs": (
+        _body(sampling={"prompt_logprobs": -1}), 400, "BadRequestError", "prompt_logprobs",
+        "Requested prompt logprobs of",
     ),
     "bad-words": (
         _body(sampling={"bad_words": ["x"]}), 400, "BadRequestError", "bad_words",

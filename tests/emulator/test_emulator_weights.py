@@ -310,7 +310,7 @@ async def test_a_request_spanning_a_version_change(
 ) -> None:
     """Without the abort the request decodes on: its tokens before the
     change are v1's, the rest v2's (spans, weight_version the finish's),
-    and only v2's logprobs move; the ids are the same."""
+    and only v2's logprobs change (the model's under v2); the ids are the same."""
     client, emulator = await serve(weight_version="v1", **LATENCY)
     prompt = prompt_of(tokenizer)
     whole = await chat(client, chat_body(prompt, "whole"))
@@ -330,7 +330,9 @@ async def test_a_request_spanning_a_version_change(
     assert ids_of(answer) == ids_of(whole)
     before, after = [e[0] for e in entries(whole)], [e[0] for e in entries(answer)]
     assert after[:4] == before[:4]
-    assert all(a < b and a <= 0 for a, b in zip(after[4:], before[4:], strict=True))
+    # v2's tokens: the model's logprobs in context under v2 (LogprobModel).
+    v2 = emulator.logprob_model.score([*prompt, *ids_of(whole)], "v2", len(prompt) + 4)
+    assert after[4:] == v2.logprobs() != before[4:]
     # A request sampled wholly under v2: one span, not reported; its
     # logprobs are the v2 policy's (the same as above, position by position).
     later = await chat(client, chat_body(prompt, "later"))
