@@ -96,6 +96,8 @@ class SessionClient:
         backoff_s: float = 0.2,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        if isinstance(servers, str):  # a str is a Sequence[str] of one-letter "URLs"
+            raise TypeError(f"servers is a list of URLs: SessionClient([{servers!r}])")
         if not servers:
             raise ValueError("at least one session server URL is required")
         self.servers = tuple(s.rstrip("/") for s in servers)

@@ -24,6 +24,8 @@ from rollout_session.cli.options import add_serve_arguments, settings_from_args
         {"workers": ("http://w",), "log_level": "loud"},
         {"workers": ("http://w",), "kv_sessions": "always"},
         {"workers": ("http://w",), "default_priority": 1 << 63},
+        {"workers": ("http://w",), "teacher_workers": ("http://w",)},
+        {"workers": ("http://w",), "teacher_workers": ("w:1",)},
     ],
     ids=[
         "no-worker",
@@ -37,6 +39,8 @@ from rollout_session.cli.options import add_serve_arguments, settings_from_args
         "log-level",
         "kv-sessions",
         "priority",
+        "teacher-is-a-worker",
+        "teacher-no-scheme",
     ],
 )
 def test_invalid_settings_are_rejected(kwargs: dict[str, object]) -> None:
@@ -75,6 +79,13 @@ def test_flags_and_environment() -> None:
     assert (
         demo.demo and demo.workers == () and demo.chat_template_kwargs == {"enable_thinking": False}
     )
+
+
+def test_teacher_workers_by_flag_or_environment() -> None:
+    env = {"ROLLOUT_SESSION_TEACHER_WORKERS": "http://t:1,http://t:2"}
+    assert parse(["--worker", "http://w:1"], env).teacher_workers == ("http://t:1", "http://t:2")
+    flags = ["--worker", "http://w:1", "--teacher-worker", "http://t:3/"]
+    assert parse(flags, env).teacher_workers == ("http://t:3",)
 
 
 def test_kv_sessions_stream_is_refused_with_the_reason() -> None:

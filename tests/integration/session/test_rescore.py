@@ -3,11 +3,23 @@ policy (docs/training.md#rescoring), over real HTTP to emulator workers."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import httpx
+import numpy as np
 import pytest
+import trio
 
-from tests.conftest import Stack
+from rollout_session.client import SessionClient, SessionServerError
+from rollout_session.export import bulk as bulk_export
+from rollout_session.testing import TextModel
+from rollout_session.testing.faults import FaultPicker
+from tests.conftest import Stack, StackFactory, spawn_worker
+from tests.families import template_text
+from tests.integration.engines.test_weight_updates import ENGINES, Engine, make, update_weights
 
 USER = [{"role": "user", "content": "hello"}]
 
@@ -50,3 +62,215 @@ async def test_an_unknown_session_is_a_404(stack: Stack) -> None:
     )
     assert answer.status_code == 404
     assert answer.json()["error"]["code"] == "session_not_found"
+
+
+# -- end to end: emulator workers whose logprobs are one model of the context --
+
+
+async def teacher(nursery: trio.Nursery, text_model: TextModel, engine: Engine) -> str:
+    """A worker of the same engine with another seed: another policy."""
+    config = replace(
+        engine.emulator, seed=1000, chat_template=template_text("qwen3"), weight_version="t1"
+    )
+    worker = await spawn_worker(nursery, text_model, config)
+    return worker.server.url
+
+
+async def episode(stack: Stack, turns: int = 2) -> str:
+    session_id = await stack.create()
+    messages: list[dict[str, Any]] = list(USER)
+    for i in range(turns):
+        answer = await stack.chat(session_id, messages=messages, max_tokens=24)
+        assert answer.status_code == 200, answer.text
+        messages += [answer.json()["choices"][0]["message"], {"role": "user", "content": f"{i}"}]
+    return session_id
+
+
+async def rescore(stack: Stack, session_id: str, **body: Any) -> httpx.Response:
+    return await stack.client.post(f"/sessions/{session_id}/rescore", json=body)
+
+
+@pytest.mark.parametrize("name", ENGINES, ids=list(ENGINES))
+async def test_the_pinned_worker_scores_its_own_samples_as_it_sampled_them(
+    make_stack: StackFactory, name: str
+) -> None:
+    """The same weights score the sampled tokens exactly as they were
+    sampled (the emulator, like an engine at temperature 1): drift 0; the
+    positions not sampled are null; the export carries what the answer said."""
+    stack = await make(make_stack, ENGINES[name], decode_s=0.0, completion_tokens=24)
+    session_id = await episode(stack)
+    received = stack.emulator.received
+    answer = await rescore(stack, session_id, target="pinned", label="current")
+    assert answer.status_code == 200, answer.text
+    assert stack.emulator.received == received + 1  # one request: one segment
+    (scored,) = answer.json()["segments"]
+    doc = await stack.trajectory(session_id, schema=3)
+    (segment,) = doc["segments"]
+    stored = segment["rescores"]["current"]
+    assert {k: v for k, v in scored.items() if k != "index"} == stored
+    mask = np.array(segment["loss_mask"], bool)
+    values = np.array(stored["logprobs"], float)  # None -> nan
+    assert np.isnan(values[~mask]).all()
+    assert values[mask].tolist() == np.array(segment["logprobs"], float)[mask].tolist()
+    assert stored["scored_tokens"] == len(segment["token_ids"])
+    assert (stored["worker"], stored["weight_version"]) == (stack.emulator_url, "v1")
+    assert stored["model"] == doc["model"] or stored["model"] == stack.ctx.model.name
+    drift = stored["drift"]
+    assert (drift["tokens"], drift["max_abs"], drift["approx_kl"]) == (int(mask.sum()), 0.0, 0.0)
+    assert [t["tokens"] for t in drift["turns"]] == [24, 24]
+    sample = (
+        await stack.client.get(f"/sessions/{session_id}/trajectory", params={"format": "sample"})
+    ).json()["samples"][0]
+    response_mask = np.array(sample["loss_mask"], bool)
+    rescored = np.array(sample["rescore_log_probs"]["current"], float)
+    rollout = np.array(sample["rollout_log_probs"], float)
+    assert np.array_equal(rescored[response_mask], rollout[response_mask])
+
+
+@pytest.mark.parametrize("name", ENGINES, ids=list(ENGINES))
+async def test_a_teacher_scores_every_position_of_the_same_tokens_differently(
+    make_stack: StackFactory, nursery: trio.Nursery, text_model: TextModel, name: str
+) -> None:
+    url = await teacher(nursery, text_model, ENGINES[name])
+    stack = await make(
+        make_stack, ENGINES[name], decode_s=0.0, completion_tokens=24, teacher_workers=(url,)
+    )
+    session_id = await episode(stack)
+    turns = stack.emulator.received
+    answer = await rescore(stack, session_id, target="teacher", label="t", positions="all")
+    assert answer.status_code == 200, answer.text
+    assert stack.emulator.received == turns  # the policy worker is not asked
+    (scored,) = answer.json()["segments"]
+    values = scored["logprobs"]
+    assert values[0] is None and None not in values[1:]
+    assert all(v <= 0 for v in values[1:])
+    assert (scored["worker"], scored["weight_version"], scored["target"]) == (url, "t1", "teacher")
+    assert scored["drift"]["mean_abs"] > 0 and scored["drift"]["approx_kl"] > 0
+    listed = (await stack.client.get("/workers")).json()
+    assert [w["url"] for w in listed["teachers"]] == [url]
+    assert [w["url"] for w in listed["workers"]] == [stack.emulator_url]
+
+
+async def test_after_a_weight_update_the_pinned_worker_scores_with_the_new_policy(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make(make_stack, ENGINES["sglang-generate"], decode_s=0.0, completion_tokens=24)
+    session_id = await episode(stack, turns=1)
+    before = (await rescore(stack, session_id, target="pinned", label="p")).json()
+    update_weights(stack.emulator, "v2", abort=False)
+    after = (await rescore(stack, session_id, target="pinned", label="p")).json()
+    (old,), (new,) = before["segments"], after["segments"]
+    assert (old["weight_version"], new["weight_version"]) == ("v1", "v2")
+    assert old["drift"]["max_abs"] == 0.0 < new["drift"]["max_abs"]
+    # One rescore per label: the second replaced the first.
+    doc = await stack.trajectory(session_id, schema=3)
+    assert doc["segments"][0]["rescores"]["p"]["weight_version"] == "v2"
+
+
+def _scoring(body: Any) -> bool:
+    """vLLM's scoring request (the SGLang emulator's /generate models no faults)."""
+    params = body.get("sampling_params") if isinstance(body, dict) else None
+    return isinstance(params, dict) and params.get("prompt_logprobs") is not None
+
+
+@pytest.mark.parametrize("fault", ["malformed_json", "http_500"], ids=["malformed", "http-500"])
+async def test_a_bad_scoring_answer_is_a_502_and_nothing_is_stored(
+    make_stack: StackFactory, fault: str
+) -> None:
+    stack = await make(make_stack, ENGINES["vllm"], decode_s=0.0, completion_tokens=24)
+    session_id = await episode(stack, turns=1)
+    stack.emulator.faults = FaultPicker(fault, 1.0, 0, only=_scoring)
+    answer = await rescore(stack, session_id, target="pinned", label="p")
+    assert answer.status_code == 502, answer.text
+    assert answer.json()["error"]["code"] == (
+        "upstream_malformed" if fault == "malformed_json" else "upstream_error"
+    )
+    assert stack.emulator.faults_injected[fault] == 1
+    doc = await stack.trajectory(session_id, schema=3)
+    assert doc["segments"][0]["rescores"] == {}
+    # The session goes on: its worker still takes turns.
+    stack.emulator.faults = FaultPicker(None, 0.0, 0)
+    await episode(stack, turns=1)
+
+
+async def test_every_segment_is_rescored(make_stack: StackFactory) -> None:
+    stack = await make(make_stack, ENGINES["sglang-chat"], decode_s=0.0, completion_tokens=24)
+    session_id = await stack.create()
+    assert (await stack.chat(session_id, messages=USER)).status_code == 200
+    # The agent drops the answer and asks something else: a second segment.
+    dropped = [*USER, {"role": "user", "content": "x"}]
+    assert (await stack.chat(session_id, messages=dropped)).status_code == 200
+    answer = await rescore(stack, session_id, target="pinned", label="p")
+    assert [s["index"] for s in answer.json()["segments"]] == [0, 1]
+    doc = await stack.trajectory(session_id, schema=3)
+    lengths = [len(s["token_ids"]) for s in doc["segments"]]
+    assert [s["rescores"]["p"]["scored_tokens"] for s in doc["segments"]] == lengths
+    assert all(s["rescores"]["p"]["drift"]["max_abs"] == 0.0 for s in doc["segments"])
+
+
+async def test_a_retry_cuts_the_rescore_where_the_replaced_turn_began(
+    make_stack: StackFactory,
+) -> None:
+    stack = await make(make_stack, ENGINES["sglang-chat"], decode_s=0.0, completion_tokens=24)
+    session_id = await stack.create()
+    first = await stack.chat(session_id, messages=USER)
+    second = [*USER, first.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
+    assert (await stack.chat(session_id, messages=second)).status_code == 200
+    assert (await rescore(stack, session_id, target="pinned", label="p")).status_code == 200
+    # The agent never saw the second answer and sends the request again:
+    # the second turn is replaced, and the rescore keeps only the first's.
+    assert (await stack.chat(session_id, messages=second)).status_code == 200
+    doc = await stack.trajectory(session_id, schema=3)
+    assert doc["rollbacks"][-1]["reason"] == "retry"
+    (segment,) = doc["segments"]
+    cut = segment["turns"][1]["prompt_start"]
+    stored = segment["rescores"]["p"]
+    assert cut > 0 and stored["scored_tokens"] == cut
+    assert stored["logprobs"][cut:] == [None] * (len(segment["token_ids"]) - cut)
+    assert [t["tokens"] for t in stored["drift"]["turns"]] == [24, 0]
+
+
+async def test_the_client_and_the_bulk_export_rescore_with_a_teacher(
+    make_stack: StackFactory, nursery: trio.Nursery, text_model: TextModel, tmp_path: Path
+) -> None:
+    engine = ENGINES["sglang-chat"]
+    url = await teacher(nursery, text_model, engine)
+    stack = await make(
+        make_stack, engine, decode_s=0.0, completion_tokens=24, teacher_workers=(url,)
+    )
+    ids = [await episode(stack, turns=1) for _ in range(5)]
+    async with SessionClient([stack.url], timeout_s=30) as client:
+        answer = await client.rescore(ids[0], "teacher", "distill")
+        assert answer["segments"][0]["worker"] == url
+        with pytest.raises(SessionServerError) as refused:
+            await client.rescore(ids[0], "nobody", "distill")
+        assert refused.value.status_code == 400
+    rescore = bulk_export.Rescore.parse("teacher:distill", concurrency=3)
+    path, written = await trio.to_thread.run_sync(
+        lambda: bulk_export.export_sessions(
+            stack.url, tmp_path, close=True, progress=False, rescore=rescore
+        )
+    )
+    assert written == 5 and len(stack.ctx.registry) == 0
+    for line in path.read_text().splitlines():
+        (segment,) = json.loads(line)["segments"]
+        distill = segment["rescores"]["distill"]
+        assert distill["scored_tokens"] == len(segment["token_ids"])
+        assert distill["worker"] == url and distill["drift"]["tokens"] == 24
+
+
+@pytest.mark.parametrize(
+    ("raw", "target"),
+    [("teacher:t", "teacher"), ("http://10.0.0.1:30000:t", "http://10.0.0.1:30000")],
+    ids=["keyword", "url"],
+)
+def test_the_bulk_rescore_flag_splits_at_the_last_colon(raw: str, target: str) -> None:
+    assert bulk_export.Rescore.parse(raw) == bulk_export.Rescore(target, "t")
+
+
+@pytest.mark.parametrize(
+    "raw", ["teacher", ":t", "teacher:"], ids=["bare", "no-target", "no-label"]
+)
+def test_a_bulk_rescore_flag_without_target_and_label_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match="TARGET:LABEL"):
+        bulk_export.Rescore.parse(raw)
