@@ -5,7 +5,8 @@ Owns: the engine seam (`base`: `Engine`, `EngineRequest`, `Completion`,
 ``input_ids``; `sglang_generate`: SGLang's native ``/generate``, parsed by
 SGLang's parsers on the worker, with delta-sync; `vllm`: vLLM's
 ``/inference/v1/generate``, parsed by vLLM in the same call), how the pool
-speaks to each engine's workers (`dialect`), the reply parts the
+speaks to each engine's workers (`dialect`) and how each scores a token
+sequence for a rescore (`scoring`), the reply parts the
 token-route engines share (`chat_reply`), the worker pool
 (membership, admission, health, circuit breaker, sticky placement,
 failover: `pool`, `placement`), HTTP to a

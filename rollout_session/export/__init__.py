@@ -1,7 +1,8 @@
 """What the trainer gets: the export document, its views, bulk export.
 
 Owns: the document (schema version 3; v1's with ``?schema=1``) and its
-sample and steps views (`document`), and bulk export of a server's sessions
+sample and steps views (`document`), each segment's rescores with their
+drift against the rollout (`rescores`), and bulk export of a server's sessions
 to JSON Lines or Parquet (`bulk`, the `rollout-session export` command;
 Parquet is the ``parquet`` extra).
 

@@ -1,7 +1,8 @@
 """Sessions and their trajectories: what the server keeps, and every change to it.
 
 Owns: the session (state enum, the one-turn slot, the registry), its token
-trajectory and segments, its stored conversation, applying a turn
+trajectory and segments, the rescores stored with it (`rescores`), its
+stored conversation, applying a turn
 (`commit`), the session store (`store`: the one owner of every life-cycle
 change, with the journal), idle expiry, and the journal (`journal/`).
 

@@ -7,8 +7,7 @@ given. Token ids are causal: a position's logprob depends only on the
 tokens before it, so when a rollback cuts the segment the rescore is cut to
 the same length and stays exact (`Trajectory.commit` and `undo` cut it).
 Rescores live in memory with their trajectory; the journal does not record
-them (a restarted server has none: export then has no ``rescores`` entry,
-never a stale one).
+them (after a restart a segment's ``rescores`` is empty, never stale).
 """
 
 from __future__ import annotations

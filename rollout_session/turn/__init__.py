@@ -3,7 +3,8 @@
 Owns: the turn runner (`runner`: claim → parse → plan → engine → commit),
 the pure planning core (`plan`), token limits, parsing the agent's chat
 request (`request`), where CPU-bound work and answer validation run
-(`offload`, `validator`, `handoff`), the pause gate, the turns' metrics.
+(`offload`, `validator`, `handoff`), the pause gate, the turns' metrics,
+and rescoring a session's tokens under another policy (`rescore`).
 
 May import: `engines`, `session`, `prompt`, `errors`, `tokens`. Nothing of
 `http`: protocols hand it a body and get a `TurnOutcome` back."""

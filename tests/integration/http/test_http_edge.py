@@ -89,6 +89,7 @@ ROUTES = [
     Route("GET", "/sessions/<session_id>"),
     Route("DELETE", "/sessions/<session_id>"),
     Route("GET", "/sessions/<session_id>/trajectory"),
+    Route("POST", "/sessions/<session_id>/rescore"),
     Route("GET", "/sessions/<session_id>/v1/models", Access.MODEL),
     Route("GET", "/v1/models", any_key=True),
     CHAT,
