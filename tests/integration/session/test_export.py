@@ -100,6 +100,8 @@ def expected_sample(doc: dict[str, Any], status: str) -> dict[str, Any]:
         "loss_mask": mask[start:],
         "rollout_log_probs": logprobs[start:],
         "rollout_weight_versions": versions[start:],
+        # Each rescore's logprobs over the response (test_rescore.py): none here.
+        "rescore_log_probs": {},
         "status": status,
         "metadata": doc["metadata"],
     }
