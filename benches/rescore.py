@@ -4,12 +4,12 @@ per turn token (issue 33's bench).
 An SGLang emulator (the policy), a second one with another seed (the
 teacher, ``--teacher-worker``) and a session server, each its own process
 on loopback. ``--sessions`` sessions each take one turn whose prompt is
-~``--tokens`` tokens (one token per filler word) and whose answer is
-``--answer-tokens`` tokens; then every session is rescored by the teacher,
+~``--tokens`` tokens (one token per filler word) and whose answer is at
+most ``--answer-tokens`` tokens (the emulator's answers end sooner); then every session is rescored by the teacher,
 ``--concurrency`` at a time, ``--repeats`` times (a rescore repeated under
 a label replaces itself). Reported: the server's CPU seconds per 1k tokens
-in the turn phase (prompt + answer tokens) and per 1k rescored tokens
-(every position of every segment is sent), rescored tokens per second of
+in the turn phase and per 1k rescored tokens (both over the same tokens:
+every position of every segment is sent), rescored tokens per second of
 server CPU, and the rescore phase's wall time; the median over the repeats.
 
     .venv/bin/python benches/rescore.py --sessions 64 --tokens 8000 --repeats 3
@@ -104,14 +104,14 @@ async def main(args: argparse.Namespace) -> None:
             before = server.main_cpu_s()
             ids = await _turns(client, server.url, args)
             turn_cpu = server.main_cpu_s() - before
-            turn_tokens = len(ids) * (args.tokens + args.answer_tokens)
             before, started = server.main_cpu_s(), time.perf_counter()
             scored = await _rescores(client, server.url, ids, args.concurrency)
             rescore_cpu = server.main_cpu_s() - before
             wall = time.perf_counter() - started
             rows.append(
                 {
-                    "turn_cpu_ms_per_1k": 1000 * turn_cpu / turn_tokens * 1000,
+                    # The turns made exactly the tokens the rescores score.
+                    "turn_cpu_ms_per_1k": 1000 * turn_cpu / scored * 1000,
                     "rescore_cpu_ms_per_1k": 1000 * rescore_cpu / scored * 1000,
                     "rescored_per_cpu_s": scored / rescore_cpu,
                     "rescore_wall_s": wall,
@@ -129,8 +129,9 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, server: Child) 
         values = [r[key] for r in rows]
         return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
 
+    per_session = rows[0]["scored"] / args.sessions
     print(
-        f"\n{args.sessions} sessions x ~{args.tokens}+{args.answer_tokens} tokens, "
+        f"\n{args.sessions} sessions of {per_session:.0f} tokens (prompt and answer), "
         f"rescored by the teacher {args.concurrency} at a time; median (range) of {len(rows)}"
     )
     print(
@@ -149,7 +150,12 @@ if __name__ == "__main__":
     parser = bench_parser(__doc__)
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=8000, help="prompt tokens per session")
-    parser.add_argument("--answer-tokens", type=int, default=256)
+    parser.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=256,
+        help="the turn's max_tokens (answers may end sooner)",
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     trio.run(main, parser.parse_args())
