@@ -5,14 +5,15 @@ An SGLang emulator (the policy), a second one with another seed (the
 teacher, ``--teacher-worker``) and a session server, each its own process
 on loopback. ``--sessions`` sessions each take one turn whose prompt is
 ~``--tokens`` tokens (one token per filler word) and whose answer is at
-most ``--answer-tokens`` tokens (the emulator's answers end sooner); then every session is rescored by the teacher,
-``--concurrency`` at a time, ``--repeats`` times (a rescore repeated under
-a label replaces itself). Reported: the server's CPU seconds per 1k tokens
-in the turn phase and per 1k rescored tokens (both over the same tokens:
-every position of every segment is sent), rescored tokens per second of
-server CPU, and the rescore phase's wall time; the median over the repeats.
+most ``--answer-tokens`` tokens (the emulator's answers end sooner); then
+every session is rescored by the teacher, ``--concurrency`` at a time,
+``--repeats`` times (a rescore repeated under a label replaces itself).
+Reported: the server's CPU per 1k tokens in the turn phase and per 1k
+rescored tokens (both over the same tokens: every position of every
+segment is sent), rescored tokens per second of server CPU, and the
+rescore phase's wall time; the median over the repeats.
 
-    .venv/bin/python benches/rescore.py --sessions 64 --tokens 8000 --repeats 3
+    .venv/bin/python benches/rescore.py --sessions 64 --tokens 8000 --repeats 5
 """
 
 from __future__ import annotations
