@@ -367,6 +367,7 @@ class Settings:
             sends_session_hints=self.sends_session_hints and not teachers,
             fixed_upstream_model=None if teachers else self.fixed_upstream_model,
             dialect=VLLM_WORKERS if self.engine == "vllm" else SGLANG_WORKERS,
+            label="teacher workers: " if teachers else "",
         )
 
     def turn_policy(self, in_place_roles: frozenset[str] = frozenset()) -> TurnPolicy:

@@ -110,6 +110,8 @@ class PoolOptions:
     sends_session_hints: bool  # --kv-sessions hint
     fixed_upstream_model: str | None  # --upstream-model NAME (not a keyword)
     dialect: WorkerDialect = SGLANG_WORKERS  # the workers' engine (--engine)
+    # What the pool's log lines call it ("" for the rollout workers).
+    label: str = ""
 
 
 class Health(enum.Enum):
@@ -874,7 +876,12 @@ class WorkerPool:
                 card = found.get(worker)
                 if isinstance(card, ModelInfo):
                     self.served = card
-                    logger.info("serving model %s (as %s reports it)", card.model, worker.url)
+                    logger.info(
+                        "%sserving model %s (as %s reports it)",
+                        self._options.label,
+                        card.model,
+                        worker.url,
+                    )
                     break
         for worker, card in found.items():
             if self.workers.get(worker.url) is not worker:
