@@ -175,41 +175,36 @@ def _env_default(
     return default if raw is None else kind(raw)
 
 
+# (flag, dest, help) of the repeatable URL flags; env: comma-separated
+# ROLLOUT_SESSION_<DEST>.
+URL_LISTS: tuple[tuple[str, str, str], ...] = (
+    ("--worker", "workers", "SGLang worker base URL (repeatable; env: comma-separated WORKERS)"),
+    (
+        "--teacher-worker",
+        "teacher_workers",
+        "a worker that only scores (rescore target teacher), never takes rollouts "
+        "(repeatable; env: comma-separated TEACHER_WORKERS; docs/training.md#rescoring)",
+    ),
+    (
+        "--fleet",
+        "fleet",
+        "every fleet shard's URL, in order (repeatable; env: comma-separated FLEET; "
+        "docs/deploy.md#a-fleet)",
+    ),
+)
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """Add the ``serve`` flags to `parser`, their defaults from `env` or `Settings`."""
     defaults = Settings(demo=True)
     for flag, dest, kind, help_text in SERVE_OPTIONS:
         default = _env_default(env, dest, kind, getattr(defaults, dest))
         parser.add_argument(flag, dest=dest, type=kind, default=default, help=help_text)
-    workers_env = env.get(ENV_PREFIX + "WORKERS", "")
-    parser.add_argument(
-        "--worker",
-        dest="workers",
-        action="append",
-        default=None,
-        help="SGLang worker base URL (repeatable; env: comma-separated WORKERS)",
-    )
-    parser.set_defaults(workers_env=[w for w in workers_env.split(",") if w.strip()])
-    teachers_env = env.get(ENV_PREFIX + "TEACHER_WORKERS", "")
-    parser.add_argument(
-        "--teacher-worker",
-        dest="teacher_workers",
-        action="append",
-        default=None,
-        help="a worker that only scores (rescore target teacher), never takes rollouts "
-        "(repeatable; env: comma-separated TEACHER_WORKERS; docs/training.md#rescoring)",
-    )
-    parser.set_defaults(teachers_env=[w for w in teachers_env.split(",") if w.strip()])
-    fleet_env = env.get(ENV_PREFIX + "FLEET", "")
-    parser.add_argument(
-        "--fleet",
-        dest="fleet",
-        action="append",
-        default=None,
-        help="every fleet shard's URL, in order (repeatable; env: comma-separated FLEET; "
-        "docs/deploy.md#a-fleet)",
-    )
-    parser.set_defaults(fleet_env=[u for u in fleet_env.split(",") if u.strip()])
+    # URL lists: the flag repeated, else the variable's comma-separated list.
+    for flag, dest, help_text in URL_LISTS:
+        parser.add_argument(flag, dest=dest, action="append", default=None, help=help_text)
+        listed = env.get(ENV_PREFIX + dest.upper(), "")
+        parser.set_defaults(**{f"{dest}_env": [u for u in listed.split(",") if u.strip()]})
     parser.add_argument(
         "--listen-fd",
         type=int,
@@ -255,14 +250,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     values = {dest: getattr(args, dest) for _, dest, _, _ in SERVE_OPTIONS}
     if args.sglang_session_cache and values["kv_sessions"] == "off":
         values["kv_sessions"] = KvMode.HINT.value
-    workers = args.workers if args.workers is not None else args.workers_env
-    fleet = args.fleet if args.fleet is not None else args.fleet_env
-    teachers = args.teacher_workers if args.teacher_workers is not None else args.teachers_env
+    lists: dict[str, Any] = {
+        dest: tuple(getattr(args, dest) or getattr(args, f"{dest}_env")) for _, dest, _ in URL_LISTS
+    }
     return Settings(
         **values,
-        workers=tuple(workers),
-        teacher_workers=tuple(teachers),
-        fleet=tuple(fleet),
+        **lists,
         demo=args.demo,
         demo_reasoning=args.demo_reasoning,
         routed_experts=args.routed_experts,
