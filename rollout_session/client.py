@@ -255,6 +255,32 @@ class SessionClient:
         doc: dict[str, Any] = orjson.loads(response.content)
         return doc
 
+    async def rescore_all(
+        self,
+        sessions: Sequence[str | SessionHandle],
+        target: str,
+        label: str,
+        *,
+        positions: Literal["sampled", "all"] = "sampled",
+        concurrency: int = 8,
+    ) -> list[dict[str, Any]]:
+        """`rescore` every session, `concurrency` at a time; the answers in
+        the order of `sessions`. The first failure cancels the rest and
+        rises (rescores already done stay stored: each is whole)."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        answers: list[dict[str, Any]] = [{} for _ in sessions]
+        limit = anyio.CapacityLimiter(concurrency)
+
+        async def one(i: int, session: str | SessionHandle) -> None:
+            async with limit:
+                answers[i] = await self.rescore(session, target, label, positions=positions)
+
+        async with anyio.create_task_group() as group:
+            for i, session in enumerate(sessions):
+                group.start_soon(one, i, session)
+        return answers
+
     async def pause(
         self, mode: Literal["drain", "abort"] = "drain", *, api_key: str | None = None
     ) -> list[dict[str, Any]]:

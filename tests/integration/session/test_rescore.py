@@ -245,6 +245,9 @@ async def test_the_client_and_the_bulk_export_rescore_with_a_teacher(
         with pytest.raises(SessionServerError) as refused:
             await client.rescore(ids[0], "nobody", "distill")
         assert refused.value.status_code == 400
+        many = await client.rescore_all(ids, "pinned", "current", concurrency=2)
+        assert [a["session_id"] for a in many] == ids
+        assert all(a["segments"][0]["drift"]["max_abs"] == 0.0 for a in many)
     rescore = bulk_export.Rescore.parse("teacher:distill", concurrency=3)
     path, written = await trio.to_thread.run_sync(
         lambda: bulk_export.export_sessions(
