@@ -35,7 +35,13 @@ import orjson
 import trio
 
 from ..cli.demo import start_demo_workers
-from ..cli.options import ENV_PREFIX, SERVE_OPTIONS, add_serve_arguments, settings_from_args
+from ..cli.options import (
+    ENV_PREFIX,
+    SERVE_OPTIONS,
+    URL_LISTS,
+    add_serve_arguments,
+    settings_from_args,
+)
 from ..config import Settings
 from ..http.serving import CannotListen
 
@@ -96,10 +102,9 @@ def _flags(settings: Settings) -> list[str]:
         else:
             text = str(value)
         out += [flag, text]
-    for url in settings.workers:
-        out += ["--worker", url]
-    for url in settings.fleet:
-        out += ["--fleet", url]
+    for flag, dest, _ in URL_LISTS:  # --worker, --teacher-worker, --fleet
+        for url in getattr(settings, dest):
+            out += [flag, url]
     for field in dataclasses.fields(Settings):
         if field.type == "bool" and getattr(settings, field.name):
             out.append("--" + field.name.replace("_", "-"))

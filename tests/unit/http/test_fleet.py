@@ -51,6 +51,7 @@ def test_a_shard_owns_what_the_client_sends_it() -> None:
 def test_shard_command_carries_every_setting_and_keeps_keys_off_the_command_line() -> None:
     settings = Settings(
         workers=(WORKER,),
+        teacher_workers=("http://10.0.0.9:30000",),
         fleet=URLS,
         shard=2,
         port=8002,
