@@ -80,12 +80,13 @@ def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
         raise _malformed(f"is not valid JSON: {exc}", "json") from None
 
 
-def _finish(values: list[float | None], ids: IdArray, weight_version: str | None) -> Scores:
+def _check_length(entries: int, ids: IdArray) -> None:
+    if entries != len(ids):
+        raise _malformed(f"scores {entries} positions for {len(ids)} ids sent", "length_mismatch")
+
+
+def _finish(values: list[float | None], weight_version: str | None) -> Scores:
     """Scores from one value per position; position 0 must have none."""
-    if len(values) != len(ids):
-        raise _malformed(
-            f"scores {len(values)} positions for {len(ids)} ids sent", "length_mismatch"
-        )
     if values and values[0] is not None:
         raise _malformed("gives the first position a logprob (nothing precedes it)")
     logprobs = np.array([np.nan if v is None else v for v in values], np.float32)
@@ -139,11 +140,10 @@ def _read_sglang(body: bytes, ids: IdArray) -> Scores:
             f"sampled {len(answer.output_ids)} tokens; max_new_tokens was 0", "length_mismatch"
         )
     entries = meta.input_token_logprobs
-    if len(entries) == len(ids) and not np.array_equal(
-        np.fromiter((e.token_id for e in entries), np.int64, len(entries)), ids
-    ):
+    _check_length(len(entries), ids)
+    if not np.array_equal(np.fromiter((e.token_id for e in entries), np.int64, len(entries)), ids):
         raise _malformed("names other tokens than the ids sent", "token_id")
-    return _finish([e.logprob for e in entries], ids, meta.weight_version)
+    return _finish([e.logprob for e in entries], meta.weight_version)
 
 
 SGLANG_SCORING = ScoringDialect("/generate", _sglang_body, _read_sglang)
@@ -199,8 +199,9 @@ def _read_vllm(body: bytes, ids: IdArray) -> Scores:
     entries = answer.prompt_logprobs
     if entries is None:
         raise _malformed("has no prompt_logprobs")
+    _check_length(len(entries), ids)
     values: list[float | None] = []
-    for position, (entry, token_id) in enumerate(zip(entries, ids.tolist(), strict=False)):
+    for position, (entry, token_id) in enumerate(zip(entries, ids.tolist(), strict=True)):
         if entry is None:
             values.append(None)
             continue
@@ -212,10 +213,8 @@ def _read_vllm(body: bytes, ids: IdArray) -> Scores:
                 "token_id",
             )
         values.append(entry[first].logprob)
-    if len(entries) != len(ids):
-        values = [None] * len(entries)  # `_finish` names the length mismatch
     spans = answer.choices[0].weight_versions if answer.choices else None
-    return _finish(values, ids, spans[-1].version if spans else None)
+    return _finish(values, spans[-1].version if spans else None)
 
 
 VLLM_SCORING = ScoringDialect("/inference/v1/generate", _vllm_body, _read_vllm)

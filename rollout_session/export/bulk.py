@@ -8,9 +8,9 @@ collected with DELETE when ``--close`` is given — and streamed to
 at most. With ``--rescore`` each session is rescored first
 (``POST /sessions/{id}/rescore``, ``--rescore-concurrency`` at a time), so
 its document carries the rescore; a rescore that fails stops the export
-with the server's error (a session gone meanwhile is skipped). ``--state closed`` means sessions the
-server closed by itself (state ``expired``): DELETE'd sessions are already in
-their collector's hands.
+with the server's error (a session gone meanwhile is skipped). ``--state
+closed`` means sessions the server closed by itself (state ``expired``):
+DELETE'd sessions are already in their collector's hands.
 
 JSON Lines hold one export document (schema 3: all segments) per line, or
 with ``--schema 1`` v1's document (the last segment's fields at the top
@@ -125,14 +125,24 @@ def _rescored(client: httpx.Client, ids: list[str], rescore: Rescore | None) -> 
         return
     body = {"target": rescore.target, "label": rescore.label}
 
-    def one(session_id: str) -> httpx.Response:
-        return client.post(f"/sessions/{session_id}/rescore", json=body)
+    def one(session_id: str) -> str | None:
+        """Why the rescore failed, or None; its answer (the scores, which the
+        export reads again) is not kept: the rescores run ahead."""
+        response = client.post(f"/sessions/{session_id}/rescore", json=body)
+        if response.status_code in (200, 404):  # a session gone meanwhile is skipped below
+            return None
+        return f"POST {response.url}: {response.text}"
 
-    with ThreadPoolExecutor(rescore.concurrency) as pool:
-        for session_id, response in zip(ids, pool.map(one, ids), strict=True):
-            if response.status_code != 404:  # a session gone meanwhile is skipped below
-                _ok(response)
+    pool = ThreadPoolExecutor(rescore.concurrency)
+    try:
+        for session_id, failure in zip(ids, pool.map(one, ids), strict=True):
+            if failure is not None:
+                raise SystemExit(failure)
             yield session_id
+    finally:
+        # After a failure (or an export stopped early) the rescores not yet
+        # started are not started: only those running are waited for.
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _documents(

@@ -262,6 +262,22 @@ async def test_the_client_and_the_bulk_export_rescore_with_a_teacher(
         assert distill["worker"] == url and distill["drift"]["tokens"] == 24
 
 
+async def test_a_bulk_rescore_that_fails_stops_the_export_with_the_servers_error(
+    make_stack: StackFactory, tmp_path: Path
+) -> None:
+    stack = await make(make_stack, ENGINES["sglang-chat"], decode_s=0.0, completion_tokens=24)
+    for _ in range(3):
+        await episode(stack, turns=1)
+    rescore = bulk_export.Rescore.parse("teacher:distill")  # no --teacher-worker
+    with pytest.raises(SystemExit, match="no teacher workers"):
+        await trio.to_thread.run_sync(
+            lambda: bulk_export.export_sessions(
+                stack.url, tmp_path, close=True, progress=False, rescore=rescore
+            )
+        )
+    assert len(stack.ctx.registry) == 3  # nothing collected
+
+
 @pytest.mark.parametrize(
     ("raw", "target"),
     [("teacher:t", "teacher"), ("http://10.0.0.1:30000:t", "http://10.0.0.1:30000")],
