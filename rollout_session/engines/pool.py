@@ -316,13 +316,26 @@ class WorkerPool:
 
     # -- dispatch ----------------------------------------------------------------
 
-    def _pin(self, session: EngineSession, exclude: str | None = None) -> Worker:
+    @property
+    def _retry_after_s(self) -> int:
+        """When a request refused for want of a worker may try again: the
+        next health round."""
+        return max(1, math.ceil(self._options.health_interval_s))
+
+    def _choose(self, key: str, current: str | None, exclude: str | None = None) -> Worker:
+        """Placement's eligible worker for `key` (a session id), which is on
+        `current` now; `NoHealthyWorker` when none is eligible."""
         candidates = self._eligible(exclude)
         if not candidates:
-            retry = max(1, math.ceil(self._options.health_interval_s))
-            raise NoHealthyWorker("no healthy worker is available", retry_after_s=retry)
-        chosen = self._placement.choose(session.id, session.worker, candidates)
+            raise NoHealthyWorker(
+                "no healthy worker is available", retry_after_s=self._retry_after_s
+            )
+        chosen = self._placement.choose(key, current, candidates)
         assert isinstance(chosen, Worker)
+        return chosen
+
+    def _pin(self, session: EngineSession, exclude: str | None = None) -> Worker:
+        chosen = self._choose(session.id, session.worker, exclude)
         if chosen.url != session.worker:
             previous = self.workers.get(session.worker) if session.worker else None
             if previous is not None:
@@ -577,16 +590,10 @@ class WorkerPool:
                     f"worker {worker.url} cannot take requests now "
                     f"({worker.health.value}, circuit {worker.circuit.value}"
                     f"{', draining' if worker.draining else ''})",
-                    retry_after_s=max(1, math.ceil(self._options.health_interval_s)),
+                    retry_after_s=self._retry_after_s,
                 )
             return worker.url
-        candidates = self._eligible()
-        if not candidates:
-            retry = max(1, math.ceil(self._options.health_interval_s))
-            raise NoHealthyWorker("no healthy worker is available", retry_after_s=retry)
-        chosen = self._placement.choose(key, None, candidates)
-        assert isinstance(chosen, Worker)
-        return chosen.url
+        return self._choose(key, None).url
 
     async def score(self, url: str, key: str, payload: bytes) -> UpstreamReply:
         """Send a scoring request to the worker at `url` (`scorer`'s
@@ -937,8 +944,8 @@ class WorkerPool:
         if self.served is None and self._nursery is not None:
             await self._first_round.wait()
         if self.served is None:
-            retry = max(1, math.ceil(self._options.health_interval_s))
             raise NoHealthyWorker(
-                "no worker has answered as an SGLang worker yet", retry_after_s=retry
+                "no worker has answered as an SGLang worker yet",
+                retry_after_s=self._retry_after_s,
             )
         return self.served

@@ -30,7 +30,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -39,7 +39,7 @@ import orjson
 
 from ..errors import UpstreamMalformed
 from ..tokens import IdArray
-from .sglang_chat.answer import LOGPROB_EPSILON
+from .sglang_chat.answer import LOGPROB_EPSILON, decode_strictly
 
 __all__ = ["SGLANG_SCORING", "VLLM_SCORING", "Scores", "ScoringDialect"]
 
@@ -67,17 +67,11 @@ class ScoringDialect:
 Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_EPSILON)]
 
 
+_WHAT = "worker's scoring answer"
+
+
 def _malformed(detail: str, kind: str = "schema") -> UpstreamMalformed:
-    return UpstreamMalformed(f"worker's scoring answer {detail}", kind=kind)
-
-
-def _decode(decoder: msgspec.json.Decoder[Any], body: bytes) -> Any:
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _malformed(f"failed validation: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise _malformed(f"is not valid JSON: {exc}", "json") from None
+    return UpstreamMalformed(f"{_WHAT} {detail}", kind=kind)
 
 
 def _check_length(entries: int, ids: IdArray) -> None:
@@ -133,7 +127,7 @@ def _sglang_body(ids: IdArray, model: str) -> bytes:
 
 
 def _read_sglang(body: bytes, ids: IdArray) -> Scores:
-    answer: _SGLangAnswer = _decode(_SGLANG, body)
+    answer: _SGLangAnswer = decode_strictly(_SGLANG, body, _WHAT)
     meta = answer.meta_info
     if answer.output_ids or meta.completion_tokens:
         raise _malformed(
@@ -195,7 +189,7 @@ def _vllm_body(ids: IdArray, model: str) -> bytes:
 
 
 def _read_vllm(body: bytes, ids: IdArray) -> Scores:
-    answer: _VllmAnswer = _decode(_VLLM, body)
+    answer: _VllmAnswer = decode_strictly(_VLLM, body, _WHAT)
     entries = answer.prompt_logprobs
     if entries is None:
         raise _malformed("has no prompt_logprobs")

@@ -33,12 +33,10 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 import pybase64
 
 from ..errors import InvalidRequest
-from ..session.rescores import Rescore
 from ..session.segments import Segment
 from ..session.session import Session
 from ..session.trajectory import Turn
@@ -294,18 +292,6 @@ def v1_document(
     }
 
 
-def _rescore_log_probs(
-    rescores: Mapping[str, Rescore], start: int, length: int
-) -> dict[str, npt.NDArray[np.float32]]:
-    out = {}
-    for label, rescore in rescores.items():
-        values = np.full(length - start, np.nan, np.float32)
-        scored = rescore.logprobs[start:length]
-        values[: len(scored)] = scored
-        out[label] = values
-    return out
-
-
 def sample_view(session: Session, status: ExportStatus = "open") -> dict[str, Any]:
     """One RL sample per segment (slime/miles field names), sharing the
     session id as their episode id."""
@@ -328,9 +314,10 @@ def sample_view(session: Session, status: ExportStatus = "open") -> dict[str, An
                 "rollout_weight_versions": _token_versions(turns, start, len(tokens)),
                 # Each rescore's logprobs over the response part, by label
                 # (null where it has none).
-                "rescore_log_probs": _rescore_log_probs(
-                    segment.trajectory.rescores, start, len(tokens)
-                ),
+                "rescore_log_probs": {
+                    label: rescore.aligned(len(tokens))[start:]
+                    for label, rescore in segment.trajectory.rescores.items()
+                },
                 "status": _SAMPLE_STATUS.get(last or "", "pending" if not turns else "completed"),
                 "metadata": session.metadata,
             }

@@ -47,10 +47,7 @@ def rescore_fields(
     """One rescore of a segment: ``logprobs`` aligned with its ``token_ids``
     (null where none was asked for, or past ``scored_tokens`` when the
     segment grew after it was scored) and its drift."""
-    length = len(rollout)
     scored = len(rescore.logprobs)
-    logprobs = np.full(length, np.nan, np.float32)
-    logprobs[:scored] = rescore.logprobs
     # Sampled positions the rescore covers with a value.
     compared = (mask[:scored] == 1) & ~np.isnan(rescore.logprobs)
     ratio = rescore.logprobs.astype(np.float64) - rollout[:scored]
@@ -67,7 +64,7 @@ def rescore_fields(
         "positions": rescore.positions,
         "scored_tokens": scored,
         "created_at": rescore.created_at,
-        "logprobs": logprobs,
+        "logprobs": rescore.aligned(len(rollout)),
         "drift": {**drift(ratio[compared]), "turns": per_turn},
     }
 

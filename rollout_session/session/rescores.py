@@ -35,6 +35,13 @@ class Rescore:
     weight_version: str | None  # the policy version the worker reported
     created_at: float
 
+    def aligned(self, length: int) -> npt.NDArray[np.float32]:
+        """The logprobs over a segment of `length` tokens: NaN past the
+        positions scored (the segment grew after)."""
+        out = np.full(length, np.nan, np.float32)
+        out[: len(self.logprobs)] = self.logprobs[:length]
+        return out
+
     def cut(self, length: int) -> Rescore:
         """This rescore over the first `length` positions only."""
         if length >= len(self.logprobs):

@@ -38,6 +38,7 @@ __all__ = [
     "check_answer",
     "decode_cost",
     "decode_routed_experts",
+    "decode_strictly",
     "parse_worker_answer",
 ]
 
@@ -113,6 +114,19 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
 @functools.cache
 def answer_decoder(vocab_size: int) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(_structs(vocab_size))
+
+
+def decode_strictly(
+    decoder: msgspec.json.Decoder[Any], body: bytes, what: str = "worker answer"
+) -> Any:
+    """`body` by a typed decoder, or `UpstreamMalformed` (kind ``schema``
+    or ``json``) naming `what` failed and why."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise UpstreamMalformed(f"{what} failed validation: {exc}", kind="schema") from None
+    except msgspec.DecodeError as exc:
+        raise UpstreamMalformed(f"{what} is not valid JSON: {exc}", kind="json") from None
 
 
 @dataclass(slots=True, frozen=True)

@@ -20,7 +20,12 @@ import numpy as np
 
 from ...errors import UpstreamMalformed
 from ...tokens import IdArray, LogprobArray
-from ..sglang_chat.answer import LOGPROB_EPSILON, AnswerCheck, decode_routed_experts
+from ..sglang_chat.answer import (
+    LOGPROB_EPSILON,
+    AnswerCheck,
+    decode_routed_experts,
+    decode_strictly,
+)
 
 __all__ = ["GenerateAnswer", "check_generate_answer"]
 
@@ -93,12 +98,7 @@ class GenerateAnswer:
 
 def check_generate_answer(body: bytes, check: AnswerCheck) -> GenerateAnswer:
     """Decode and check a ``/generate`` 200 body; raise `UpstreamMalformed` if bad."""
-    try:
-        answer = _decoder(check.vocab_size).decode(body)
-    except msgspec.ValidationError as exc:
-        raise UpstreamMalformed(f"worker answer failed validation: {exc}", kind="schema") from None
-    except msgspec.DecodeError as exc:
-        raise UpstreamMalformed(f"worker answer is not valid JSON: {exc}", kind="json") from None
+    answer = decode_strictly(_decoder(check.vocab_size), body)
     meta = answer.meta_info
     entries = meta.output_token_logprobs
     if not (len(entries) == len(answer.output_ids) == meta.completion_tokens):

@@ -27,7 +27,7 @@ import pybase64
 
 from ...errors import UpstreamMalformed
 from ...tokens import IdArray, LogprobArray
-from ..sglang_chat.answer import LOGPROB_EPSILON, AnswerCheck
+from ..sglang_chat.answer import LOGPROB_EPSILON, AnswerCheck, decode_strictly
 
 __all__ = [
     "Derendered",
@@ -136,12 +136,7 @@ class VllmAnswer:
 
 
 def _decode(body: bytes, vocab_size: int, mode: str) -> Any:
-    try:
-        return _decoder(vocab_size, mode).decode(body)
-    except msgspec.ValidationError as exc:
-        raise UpstreamMalformed(f"worker answer failed validation: {exc}", kind="schema") from None
-    except msgspec.DecodeError as exc:
-        raise UpstreamMalformed(f"worker answer is not valid JSON: {exc}", kind="json") from None
+    return decode_strictly(_decoder(vocab_size, mode), body)
 
 
 def _checked_lengths(answer: Any, sent_prompt_tokens: int) -> tuple[Any, IdArray, LogprobArray]:
