@@ -13,7 +13,7 @@ of the same stack, sampled without interruption.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -106,19 +106,36 @@ async def make(
 
 
 def in_flight_midway(emulator: Emulator, at_least: int) -> bool:
-    """A turn has decoded `at_least` tokens and has a quarter of its answer
-    still to decode: room for the pause or abort that follows to reach the
-    worker before the answer ends, on a loaded machine too (two tokens, 8 ms,
-    were not: one CI failure)."""
+    """A turn has decoded `at_least` tokens and not yet its whole answer."""
     return any(
-        at_least <= emulator.gpu.decoded(run.progress) < run.progress.total * 3 // 4
+        at_least <= emulator.gpu.decoded(run.progress) < run.progress.total
         for run in emulator.weights.runs()
     )
 
 
 async def until(predicate: Callable[[], bool]) -> None:
-    while not predicate():  # noqa: ASYNC110 (decoding is timed: no event per token)
-        await trio.sleep(0.005)
+    with trio.fail_after(60):  # a failure naming the wait, not a hung suite
+        while not predicate():  # noqa: ASYNC110 (decoding is timed: no event per token)
+            await trio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def stalled(emulator: Emulator, when: Callable[[], bool]) -> AsyncIterator[None]:
+    """Once `when` holds, stall the worker's GPU (nothing decodes, as under
+    a slow step) until the block ends: the pause or abort the block sends
+    reaches the worker with the answer where `when` saw it, however loaded
+    the machine. A window of decode time was not enough: on CI an answer of
+    a quarter still to decode (120 ms) finished before the abort arrived."""
+    while True:
+        await until(when)
+        emulator.gpu.freeze()
+        if when():  # still, on the frozen clock: no token decoded in between
+            break
+        emulator.gpu.thaw()
+    try:
+        yield
+    finally:
+        emulator.gpu.thaw()
 
 
 def update_weights(emulator: Emulator, version: str, *, abort: bool) -> None:
@@ -183,8 +200,8 @@ async def interrupted_turn(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(agent)
-        await until(lambda: in_flight_midway(stack.emulator, at_least))
-        await interrupt()
+        async with stalled(stack.emulator, lambda: in_flight_midway(stack.emulator, at_least)):
+            await interrupt()
     return answers[0]
 
 
@@ -334,8 +351,8 @@ async def test_a_streaming_agent_gets_one_stream_of_the_whole_answer(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(agent)
-        await until(lambda: in_flight_midway(stack.emulator, 10))
-        await stack.client.post("/admin/pause", json={"mode": "abort"})
+        async with stalled(stack.emulator, lambda: in_flight_midway(stack.emulator, 10)):
+            await stack.client.post("/admin/pause", json={"mode": "abort"})
         await stack.client.post("/admin/resume")
     finishes = [
         c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
@@ -373,8 +390,10 @@ async def test_a_continuation_fails_over_when_the_worker_is_gone(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(agent)
-        await until(lambda: any(in_flight_midway(w.emulator, 10) for w in stack.workers))
-        await stack.client.post("/admin/pause", json={"mode": "abort"})
+        await until(lambda: any(w.emulator.weights.runs() for w in stack.workers))
+        (first,) = [w.emulator for w in stack.workers if w.emulator.weights.runs()]
+        async with stalled(first, lambda: in_flight_midway(first, 10)):
+            await stack.client.post("/admin/pause", json={"mode": "abort"})
         await until(lambda: stack.ctx.pause.waiting == 1)
         pinned = stack.ctx.registry.get(sid).worker
         (dead,) = [w for w in stack.workers if w.url == pinned]
@@ -398,8 +417,7 @@ async def test_a_continuation_fails_over_when_the_worker_is_gone(
 async def test_an_abort_pause_interrupts_64_turns_and_all_continue(
     make_stack: StackFactory,
 ) -> None:
-    # Answers of 2 s: none finishes before the last one has started.
-    stack = await make(make_stack, ENGINES["sglang-generate"], decode_s=0.016)
+    stack = await make(make_stack, ENGINES["sglang-generate"])
     emulator = stack.emulator
     ids = [await stack.create() for _ in range(64)]
     answers: dict[str, httpx.Response] = {}
@@ -407,11 +425,27 @@ async def test_an_abort_pause_interrupts_64_turns_and_all_continue(
     async def agent(sid: str) -> None:
         answers[sid] = await stack.chat(sid, messages=THINK, seed=3)
 
+    def every_turn_mid_answer() -> bool:
+        # Decoding, short of the last token but one: SGLang's abort runs one
+        # more step, and an answer it completes is sampled afresh instead.
+        runs = emulator.weights.runs()
+        return len(runs) == 64 and all(
+            run.progress.phase == "decode"
+            and emulator.gpu.decoded(run.progress) < run.progress.total - 1
+            for run in runs
+        )
+
     async with trio.open_nursery() as nursery:
+        # The GPU stalled until every turn has arrived: they decode together,
+        # none finishes before the last one has started, however loaded the
+        # machine.
+        emulator.gpu.freeze()
         for sid in ids:
             nursery.start_soon(agent, sid)
-        await until(lambda: len(emulator.weights.running()) == 64)
-        paused = (await stack.client.post("/admin/pause", json={"mode": "abort"})).json()
+        await until(lambda: len(emulator.weights.runs()) == 64)
+        emulator.gpu.thaw()
+        async with stalled(emulator, every_turn_mid_answer):
+            paused = (await stack.client.post("/admin/pause", json={"mode": "abort"})).json()
         assert paused["interrupted"] == 64
         await until(lambda: stack.ctx.pause.waiting == 64)
         update_weights(emulator, "v2", abort=False)
@@ -446,10 +480,6 @@ async def test_an_abort_after_the_last_token_samples_the_turn_afresh(
             for run in emulator.weights.runs()
         )
 
-    async def pause() -> None:
-        await stack.client.post("/admin/pause", json={"mode": "abort"})
-        await stack.client.post("/admin/resume")
-
     sid = await stack.create(session_id="interrupted")
     answers: list[httpx.Response] = []
 
@@ -458,8 +488,9 @@ async def test_an_abort_after_the_last_token_samples_the_turn_afresh(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(agent)
-        await until(at_the_last_token)
-        await pause()
+        async with stalled(emulator, at_the_last_token):
+            await stack.client.post("/admin/pause", json={"mode": "abort"})
+        await stack.client.post("/admin/resume")
     assert answers[0].status_code == 200, answers[0].text
     assert message_shape(answers[0].json()["choices"][0]["message"]) == message_shape(
         expected["choices"][0]["message"]
@@ -495,8 +526,8 @@ async def test_delete_while_the_turn_waits_to_continue(make_stack: StackFactory)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(agent)
-        await until(lambda: in_flight_midway(stack.emulator, 10))
-        await stack.client.post("/admin/pause", json={"mode": "abort"})
+        async with stalled(stack.emulator, lambda: in_flight_midway(stack.emulator, 10)):
+            await stack.client.post("/admin/pause", json={"mode": "abort"})
         await until(lambda: stack.ctx.pause.waiting == 1)
         closed = await stack.client.delete(f"/sessions/{sid}", params={"schema": 1})
         assert closed.status_code == 200 and closed.json()["turns"] == []
@@ -599,17 +630,18 @@ async def test_every_family_continues_a_tool_call_cut_in_half(
 
             async with trio.open_nursery() as inner:
                 inner.start_soon(agent)
-                # Past the middle, and a quarter of the answer still to
-                # decode: room for the pause to reach the worker under load.
-                await until(
-                    lambda: any(
+                emulator = worker.emulator
+
+                def past_the_middle() -> bool:
+                    return any(
                         run.progress.total // 2
-                        <= worker.emulator.gpu.decoded(run.progress)
-                        < run.progress.total * 3 // 4
-                        for run in worker.emulator.weights.runs()
+                        <= emulator.gpu.decoded(run.progress)
+                        < run.progress.total
+                        for run in emulator.weights.runs()
                     )
-                )
-                await client.post("/admin/pause", json={"mode": "abort"})
+
+                async with stalled(emulator, past_the_middle):
+                    await client.post("/admin/pause", json={"mode": "abort"})
                 update_weights(worker.emulator, "v2", abort=False)
                 await client.post("/admin/resume")
             assert answers[0].status_code == 200, answers[0].text
@@ -676,8 +708,8 @@ async def test_a_restart_while_a_turn_waits_commits_no_partial_answer(
 
         async with trio.open_nursery() as inner:
             inner.start_soon(agent)
-            await until(lambda: in_flight_midway(worker.emulator, 10))
-            await client.post("/admin/pause", json={"mode": "abort"})
+            async with stalled(worker.emulator, lambda: in_flight_midway(worker.emulator, 10)):
+                await client.post("/admin/pause", json={"mode": "abort"})
             await until(lambda: server_context(app).pause.waiting == 1)
             await server.aclose()  # graceful: the waiting turn is cancelled at the grace's end
     assert not answers or answers[0].status_code != 200
