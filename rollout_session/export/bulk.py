@@ -12,6 +12,12 @@ with the server's error (a session gone meanwhile is skipped). ``--state
 closed`` means sessions the server closed by itself (state ``expired``):
 DELETE'd sessions are already in their collector's hands.
 
+A fleet's shard exports the whole fleet: its ``GET /health?fleet=1`` names
+every shard, and each shard's own sessions are listed and read on that
+shard (no redirects, so ``--api-key`` reaches each). A shard that does not
+answer stops the export before anything is written, rather than leaving
+its sessions silently out.
+
 JSON Lines hold one export document (schema 3: all segments) per line, or
 with ``--schema 1`` v1's document (the last segment's fields at the top
 level). Parquet holds one row per segment (each a linear sample; ``segment`` and ``num_segments``
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -39,6 +46,8 @@ __all__ = ["Rescore", "add_arguments", "export_sessions", "parquet_schema", "run
 _STATES: Final = {"open": "open", "closed": "expired", "all": None}
 # The documents' `?schema=` (docs/training.md#the-export-document-schema_version-3).
 _SCHEMAS: Final = (1, 3)
+# A fleet shard's status in `GET /health?fleet=1` when it did not answer.
+_DOWN: Final = ("unreachable", "error")
 _JSON_COLUMNS: Final = (
     "metadata",
     "branch",
@@ -93,6 +102,22 @@ def _list_ids(client: httpx.Client, state: str | None) -> list[str]:
         if not page.get("has_more") or not page["sessions"]:
             return ids
         after = ids[-1]
+
+
+def _shards(client: httpx.Client) -> list[str] | None:
+    """The fleet's shard URLs in fleet order when `client`'s server is a
+    fleet's shard (its ``GET /health?fleet=1`` lists them); None for a lone
+    server, which ignores the parameter."""
+    shards = _ok(client.get("/health", params={"fleet": "1"})).get("shards")
+    if shards is None:
+        return None
+    down = [f"{s['url']} ({s.get('error')})" for s in shards if s["status"] in _DOWN]
+    if down:
+        raise SystemExit(
+            f"fleet shards not answering: {', '.join(down)}; their sessions cannot be "
+            "exported, so nothing was: start them again (docs/deploy.md#a-fleet)"
+        )
+    return [str(s["url"]) for s in shards]
 
 
 def _ok(response: httpx.Response) -> Any:
@@ -195,13 +220,25 @@ def export_sessions(
     written = 0
     # Room for the rescores' threads on top of the export's own connection.
     limits = httpx.Limits(max_connections=1 + (rescore.concurrency if rescore else 0))
-    with httpx.Client(
-        base_url=server.rstrip("/"), headers=headers, timeout=600, limits=limits
-    ) as client:
-        ids = _list_ids(client, _STATES[state])
+    with ExitStack() as clients:
+
+        def client_for(url: str) -> httpx.Client:
+            client = httpx.Client(
+                base_url=url.rstrip("/"), headers=headers, timeout=600, limits=limits
+            )
+            return clients.enter_context(client)
+
+        entry = client_for(server)
+        shards = _shards(entry)
+        sources = [entry] if shards is None else [client_for(url) for url in shards]
+        listed = [(client, _list_ids(client, _STATES[state])) for client in sources]
         docs = tqdm(
-            _documents(client, ids, close, schema, rescore),
-            total=len(ids),
+            (
+                doc
+                for client, ids in listed
+                for doc in _documents(client, ids, close, schema, rescore)
+            ),
+            total=sum(len(ids) for _, ids in listed),
             unit="session",
             disable=not progress,
         )
@@ -229,7 +266,11 @@ def export_sessions(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", required=True, help="session server base URL")
+    parser.add_argument(
+        "--server",
+        required=True,
+        help="session server base URL (a fleet's shard: the whole fleet is exported)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl")
     parser.add_argument(

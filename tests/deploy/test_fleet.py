@@ -19,11 +19,13 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 import trio
 
 from rollout_session import Settings, create_app
 from rollout_session.client import SessionClient, rendezvous_owner
+from rollout_session.export import bulk as bulk_export
 from rollout_session.fleet.processes import bind_sockets, fleet_urls
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
@@ -231,6 +233,13 @@ async def test_a_killed_shard_fails_clearly_and_restarts_from_its_journal(
         unreachable = (await http.get(f"{urls[0]}/health?fleet=1")).json()
         assert unreachable["status"] == "degraded"
         assert unreachable["shards"][1]["status"] == "unreachable"
+        # Bulk export refuses rather than leave the victim's sessions out.
+        out = fleet.journal.parent / "export"
+        with pytest.raises(SystemExit, match=f"fleet shards not answering: {re.escape(victim)} "):
+            await trio.to_thread.run_sync(
+                lambda: bulk_export.export_sessions(urls[0], out, progress=False)
+            )
+        assert not (out / "trajectories.jsonl").exists()
         # Started again as the parent said, it restores its sessions from its journal.
         restart = said.split("To start it again: ", 1)[1].split()
         assert f"--journal={fleet.journal / 'shard-1'}" in "=".join(restart)
@@ -345,6 +354,53 @@ async def test_keys_across_the_fleet(
         assert (await http.get(f"{urls[1]}/metrics?fleet=1")).status_code == 401
         added = await http.post(f"{urls[0]}/workers", json={"url": extra}, headers=operator)
         assert [s["status"] for s in added.json()["fleet"]] == [201, 201]
+
+
+async def test_bulk_export_through_any_shard_exports_the_whole_fleet(
+    in_process_fleet: InProcessFleet, tmp_path: Path
+) -> None:
+    """`rollout-session export --server SHARD --api-key KEY`: every shard's
+    sessions, each read (and with --close collected) on its owner, once."""
+    urls = await in_process_fleet(3, api_key="trainer")
+    trainer = {"Authorization": "Bearer trainer"}
+    # Two sessions on each shard.
+    ids = [
+        i
+        for url in urls
+        for i in [f"x{n}" for n in range(40) if rendezvous_owner(urls, f"x{n}") == url][:2]
+    ]
+    assert len(ids) == 6
+    async with httpx.AsyncClient(timeout=30, verify=TLS, headers=trainer) as http:
+        originals = {}
+        for session_id in ids:
+            created = await http.post(f"{urls[0]}/sessions", json={"session_id": session_id})
+            doc = created.json()
+            turn = await http.post(
+                f"{doc['base_url']}/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {doc['api_key']}"},
+            )
+            assert turn.status_code == 200, turn.text
+            owner = rendezvous_owner(urls, session_id)
+            originals[session_id] = (
+                await http.get(f"{owner}/sessions/{session_id}/trajectory")
+            ).json()
+
+        def export(server: str, out: str, close: bool) -> tuple[Path, int]:
+            return bulk_export.export_sessions(
+                server, tmp_path / out, close=close, api_key="trainer", progress=False
+            )
+
+        path, written = await trio.to_thread.run_sync(export, urls[1], "read", False)
+        exported = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+        assert written == 6
+        assert {doc["session_id"]: doc for doc in exported} == originals
+        path, written = await trio.to_thread.run_sync(export, urls[2], "closed", True)
+        assert written == 6
+        assert {orjson.loads(line)["session_id"] for line in path.read_bytes().splitlines()} == set(
+            ids
+        )
+        assert (await http.get(f"{urls[0]}/health?fleet=1")).json()["sessions"] == 0
 
 
 async def test_a_shard_warns_of_restored_sessions_it_does_not_own(
