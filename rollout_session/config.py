@@ -6,6 +6,7 @@ tests and embedders build it directly. Nothing else reads the environment.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,10 @@ class Settings:
     # Hosts a worker URL may name (names, addresses, CIDR networks, each with
     # an optional :port); None = any (engines/worker_urls.py).
     worker_hosts: frozenset[str] | None = None
+    # PEM file of the CA certificates `https` workers (teachers too) are
+    # verified with, instead of certifi's bundle (a private CA); like curl's
+    # --cacert it is the whole trust store for workers. None = certifi's.
+    worker_ca: str | None = None
     # HF tokenizer directory; None = ask the first worker's /get_model_info.
     tokenizer: str | None = None
     # Chat template file (or a built-in name: chatml, qwen3); None = tokenizer's own.
@@ -200,6 +205,7 @@ class Settings:
         object.__setattr__(
             self, "teacher_workers", tuple(worker_url(u, allowed) for u in self.teacher_workers)
         )
+        self.worker_tls()  # a CA file that does not load is refused here, not at a turn
         if shared := set(self.workers) & set(self.teacher_workers):
             raise ValueError(
                 f"a worker cannot be both a rollout worker and a teacher: {sorted(shared)}"
@@ -346,6 +352,18 @@ class Settings:
         return None if self.worker_hosts is None else WorkerHosts.parse(self.worker_hosts)
 
     # -- each wing's options: the services never see Settings -----------------
+
+    def worker_tls(self) -> ssl.SSLContext | None:
+        """The TLS context `https` workers are verified with (`worker_ca`);
+        None: the pool's default, certifi's bundle."""
+        if self.worker_ca is None:
+            return None
+        try:
+            return ssl.create_default_context(cafile=self.worker_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"worker_ca: {self.worker_ca!r} does not load as PEM CA certificates: {exc}"
+            ) from None
 
     def pool_options(self, *, teachers: bool = False) -> PoolOptions:
         """The rollout pool's options; with `teachers`, the teacher pool's

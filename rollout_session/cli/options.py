@@ -143,6 +143,13 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--circuit-open-s", "circuit_open_s", float, "seconds open before half-open probes"),
     ("--api-key", "api_key", str, "the trainer's key: sessions need it (docs/security.md)"),
     ("--admin-api-key", "admin_api_key", str, "the operator's key: workers, pause, metrics"),
+    (
+        "--worker-ca",
+        "worker_ca",
+        str,
+        "PEM file of the CA(s) that sign https workers' certificates, trusted instead of "
+        "certifi's bundle (docs/deploy.md#many-hosts)",
+    ),
     ("--session-ttl-s", "session_ttl_s", _optional_float, "idle expiry ('none' = never)"),
     ("--keep-closed-s", "keep_closed_s", float, "keep expired sessions for collection"),
     ("--keep-collected-s", "keep_collected_s", float, "collected sessions stay readable"),

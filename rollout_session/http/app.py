@@ -79,8 +79,8 @@ def create_app(
     worker_tls: ssl.SSLContext | None = None,
 ) -> QuartTrio:
     """Build the app. `tokenizer` skips loading one at startup (embedding,
-    tests); `worker_tls` verifies ``https`` workers instead of httpx's
-    default context (a private CA; tests share one across apps)."""
+    tests); `worker_tls` verifies ``https`` workers instead of the one
+    `settings.worker_ca` gives (tests share one context across apps)."""
     # No static folder: the inspector serves its own assets (`routes/inspector.py`).
     app = QuartTrio("rollout_session", static_folder=None)
     # Quart's defaults (16 MiB body, 60 s response timeout) silently cut long
@@ -92,6 +92,8 @@ def create_app(
         BODY_TIMEOUT=None,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
+    if worker_tls is None:
+        worker_tls = settings.worker_tls()
     pool = WorkerPool(settings.pool_options(), tls=worker_tls)
     for url in settings.workers:
         pool.add(url)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ssl
+from pathlib import Path
 
 import pytest
+import trustme
 
 from rollout_session import Settings
 from rollout_session.cli.options import add_serve_arguments, settings_from_args
@@ -99,3 +102,35 @@ def test_the_old_session_cache_flag_is_hint() -> None:
     env = {"ROLLOUT_SESSION_KV_SESSIONS": "hint", "ROLLOUT_SESSION_DEFAULT_PRIORITY": "-2"}
     settings = parse(["--demo"], env)
     assert (settings.kv_sessions, settings.default_priority) == ("hint", -2)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(None, "No such file"), (b"not a certificate\n", "does not load as PEM")],
+    ids=["missing", "not-pem"],
+)
+def test_a_worker_ca_that_does_not_load_is_refused_at_start(
+    tmp_path: Path, content: bytes | None, reason: str
+) -> None:
+    ca = tmp_path / "ca.pem"
+    if content is not None:
+        ca.write_bytes(content)
+    with pytest.raises(ValueError, match=reason):
+        parse(["--worker", "https://w:1", "--worker-ca", str(ca)], {})
+
+
+def test_worker_ca_by_flag_or_environment(tmp_path: Path) -> None:
+    """The file's CA is the workers' whole trust store."""
+    ca = trustme.CA()
+    pem = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(pem))
+    for argv, env in [
+        (["--worker-ca", str(pem)], {}),
+        ([], {"ROLLOUT_SESSION_WORKER_CA": str(pem)}),
+    ]:
+        settings = parse(["--worker", "https://w:1", *argv], env)
+        assert settings.worker_ca == str(pem)
+        context = settings.worker_tls()
+        assert context is not None and context.verify_mode is ssl.CERT_REQUIRED
+        assert len(context.get_ca_certs()) == 1  # the private CA alone
+    assert Settings(workers=("https://w:1",)).worker_tls() is None

@@ -1,7 +1,8 @@
 """An ``https`` worker is verified with the pool's one TLS context: the
-probes' and every turn connection's. ``create_app(worker_tls=...)`` trusts a
-private CA; without it the pool uses httpx's context (certifi's bundle), which
-does not, so such a worker is never admitted."""
+probes' and every turn connection's. ``--worker-ca FILE`` or
+``create_app(worker_tls=...)`` trusts a private CA; without either the pool
+uses httpx's context (certifi's bundle), which does not, so such a worker is
+never admitted."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import contextlib
 import ssl
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 import trustme
 
@@ -66,20 +69,27 @@ async def pump(
     done.cancel()
 
 
+@pytest.mark.parametrize("given", ["worker-ca", "context"], ids=["worker-ca", "context"])
 async def test_a_worker_behind_a_private_ca_serves_turns_with_its_context(
     nursery: trio.Nursery,
     text_model: TextModel,
     chat_tokenizers: dict[str, ChatTokenizer],
+    tmp_path: Path,
+    given: str,
 ) -> None:
+    """The CA as `--worker-ca FILE` (Settings.worker_ca), or an embedder's context."""
     ca = trustme.CA()
     worker = await https_worker(nursery, text_model, chat_tokenizers["chatml"], ca)
-    trusting = ssl.create_default_context()
-    ca.configure_trust(trusting)
-    app = create_app(
-        Settings(workers=(worker,), port=0, **FAST),
-        tokenizer=chat_tokenizers["chatml"],
-        worker_tls=trusting,
-    )
+    settings = Settings(workers=(worker,), port=0, **FAST)
+    trusting: ssl.SSLContext | None = None
+    if given == "worker-ca":
+        pem = tmp_path / "ca.pem"
+        ca.cert_pem.write_to_path(str(pem))
+        settings = replace(settings, worker_ca=str(pem))
+    else:
+        trusting = ssl.create_default_context()
+        ca.configure_trust(trusting)
+    app = create_app(settings, tokenizer=chat_tokenizers["chatml"], worker_tls=trusting)
     server = await start_server(nursery, app)
     async with httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS) as client:
         session_id = (await client.post("/sessions")).json()["session_id"]
