@@ -39,6 +39,7 @@ __all__ = [
     "NoHealthyWorker",
     "PermissionDenied",
     "RequestTooLarge",
+    "RescoreInterrupted",
     "RolloutSessionError",
     "RouteNotFound",
     "ServerError",
@@ -284,6 +285,18 @@ class TurnInterrupted(ServerError):
 
     status_code = 503
     code = "turn_interrupted"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class RescoreInterrupted(ServerError):
+    """The worker aborted the rescore's scoring request (a weight update or
+    a pause at the worker) more often than --max-continuations allows,
+    before it had scored every position: nothing was stored."""
+
+    status_code = 503
+    code = "rescore_interrupted"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})

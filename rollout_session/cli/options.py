@@ -162,7 +162,12 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         str,
         "a worker's abort answer (weight update): continue the turn, or return it",
     ),
-    ("--max-continuations", "max_continuations", int, "requests a turn may add after aborts"),
+    (
+        "--max-continuations",
+        "max_continuations",
+        int,
+        "requests a turn may add after aborts (and times an aborted rescore is sent again)",
+    ),
     ("--shutdown-grace-s", "shutdown_grace_s", float, "SIGTERM: time for in-flight turns"),
     ("--journal", "journal", str, "durable journal directory (off by default)"),
     ("--journal-fsync", "journal_fsync", str, "always, interval or never"),

@@ -23,6 +23,17 @@ Per engine family, as each release answers (facts from the released wheels):
   has no ``prompt_logprobs`` at all.
 
 Both score the raw distribution (no temperature, top-p or penalties).
+
+An engine aborts a scoring request like any other (SGLang's
+``abort_request``, ``/update_weight_version`` with ``abort_all_requests``;
+vLLM's ``/pause`` in abort mode): the answer says ``abort`` (SGLang
+``meta_info.finish_reason.type``, vLLM ``choices[].finish_reason``) and
+carries the scores computed so far — none when it was aborted before its
+prefill (SGLang ``input_token_logprobs: []``, vLLM ``prompt_logprobs:
+null``). Such an answer is `RescoreInterrupted`, not malformed: the worker
+did nothing wrong, and the request can be sent again. An aborted answer
+that still scores every position is used as it is (vLLM: aborted after the
+prefill, while it sampled the one ignored token).
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from ..errors import UpstreamMalformed
+from ..errors import RescoreInterrupted, UpstreamMalformed
 from ..tokens import IdArray
 from .sglang_chat.answer import LOGPROB_EPSILON, decode_strictly
 
@@ -74,7 +85,16 @@ def _malformed(detail: str, kind: str = "schema") -> UpstreamMalformed:
     return UpstreamMalformed(f"{_WHAT} {detail}", kind=kind)
 
 
-def _check_length(entries: int, ids: IdArray) -> None:
+def _aborted(entries: int, ids: IdArray) -> RescoreInterrupted:
+    return RescoreInterrupted(
+        f"the worker aborted the scoring request (finish_reason abort) with "
+        f"{entries} of {len(ids)} positions scored"
+    )
+
+
+def _check_length(entries: int, ids: IdArray, *, aborted: bool) -> None:
+    if entries != len(ids) and aborted:
+        raise _aborted(entries, ids)
     if entries != len(ids):
         raise _malformed(f"scores {entries} positions for {len(ids)} ids sent", "length_mismatch")
 
@@ -97,10 +117,15 @@ class _SGLangEntry(msgspec.Struct, array_like=True, gc=False):
     text: str | None = None
 
 
+class _SGLangFinish(msgspec.Struct):
+    type: str
+
+
 class _SGLangMeta(msgspec.Struct):
     input_token_logprobs: list[_SGLangEntry]
     completion_tokens: int
     weight_version: str | None = None
+    finish_reason: _SGLangFinish | None = None
 
 
 class _SGLangAnswer(msgspec.Struct):
@@ -134,7 +159,8 @@ def _read_sglang(body: bytes, ids: IdArray) -> Scores:
             f"sampled {len(answer.output_ids)} tokens; max_new_tokens was 0", "length_mismatch"
         )
     entries = meta.input_token_logprobs
-    _check_length(len(entries), ids)
+    aborted = meta.finish_reason is not None and meta.finish_reason.type == "abort"
+    _check_length(len(entries), ids, aborted=aborted)
     if not np.array_equal(np.fromiter((e.token_id for e in entries), np.int64, len(entries)), ids):
         raise _malformed("names other tokens than the ids sent", "token_id")
     return _finish([e.logprob for e in entries], meta.weight_version)
@@ -158,6 +184,7 @@ class _VllmSpan(msgspec.Struct):
 
 class _VllmChoice(msgspec.Struct):
     weight_versions: list[_VllmSpan] | None = None
+    finish_reason: str | None = None
 
 
 class _VllmAnswer(msgspec.Struct):
@@ -191,9 +218,10 @@ def _vllm_body(ids: IdArray, model: str) -> bytes:
 def _read_vllm(body: bytes, ids: IdArray) -> Scores:
     answer: _VllmAnswer = decode_strictly(_VLLM, body, _WHAT)
     entries = answer.prompt_logprobs
+    aborted = any(choice.finish_reason == "abort" for choice in answer.choices)
     if entries is None:
-        raise _malformed("has no prompt_logprobs")
-    _check_length(len(entries), ids)
+        raise _aborted(0, ids) if aborted else _malformed("has no prompt_logprobs")
+    _check_length(len(entries), ids, aborted=aborted)
     values: list[float | None] = []
     for position, (entry, token_id) in enumerate(zip(entries, ids.tolist(), strict=True)):
         if entry is None:

@@ -151,7 +151,9 @@ def create_app(
             keep_collected_s=settings.keep_collected_s,
         ),
         tokenizer=tokenizer,
-        rescorer=Rescorer(store.registry, pool, teachers, offload),
+        rescorer=Rescorer(
+            store.registry, pool, teachers, offload, max_resends=settings.max_continuations
+        ),
         teachers=teachers,
     )
     app.extensions[_EXTENSION] = ctx

@@ -8,7 +8,11 @@ positions to keep (``sampled`` or ``all``). Each segment's ids are sent as
 they are stored — never re-tokenised — through the pool's dialect
 (`engines/scoring.py`), and every answer is validated like a turn's: the
 ids it scores are the ids sent, and every kept position has one finite
-logprob ≤ 0, or the rescore fails with a 502 and stores nothing.
+logprob ≤ 0, or the rescore fails with a 502 and stores nothing. A scoring
+request the engine aborted before it scored every position (a weight
+update at the worker) is not the worker's fault: it is sent again, up to
+``--max-continuations`` times as an aborted turn is continued, then 503
+``rescore_interrupted``.
 
 All or nothing, and never misaligned: the answers are stored together, in
 one synchronous step, and only on segments whose first tokens are still
@@ -19,6 +23,7 @@ re-sample: then 409, nothing stored).
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -29,7 +34,13 @@ import numpy as np
 
 from ..engines.pool import WorkerPool
 from ..engines.scoring import Scores
-from ..errors import InvalidRequest, SessionBusy, UpstreamError, UpstreamMalformed
+from ..errors import (
+    InvalidRequest,
+    RescoreInterrupted,
+    SessionBusy,
+    UpstreamError,
+    UpstreamMalformed,
+)
 from ..session.rescores import Positions, Rescore
 from ..session.session import Session, SessionRegistry
 from ..session.trajectory import Trajectory
@@ -37,6 +48,8 @@ from ..tokens import IdArray
 from .offload import Offload
 
 __all__ = ["RescoreRequest", "Rescorer", "parse_rescore"]
+
+logger = logging.getLogger("rollout_session")
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 _FIELDS = frozenset({"target", "label", "positions"})
@@ -87,8 +100,12 @@ class Rescorer:
         teachers: WorkerPool | None,
         offload: Offload,
         clock: Callable[[], float] = time.time,
+        *,
+        max_resends: int = 8,
     ) -> None:
         self._registry = registry
+        # Times an aborted scoring request is sent again (--max-continuations).
+        self._max_resends = max_resends
         self._pool = pool
         self._teachers = teachers
         self._offload = offload
@@ -177,15 +194,28 @@ class Rescorer:
         self, pool: WorkerPool, url: str, key: str, ids: IdArray, model: str | None
     ) -> Scores:
         scoring = pool.dialect.scoring
-        reply = await pool.score(url, key, scoring.body(ids, model or ""))
-        if reply.status != 200:
-            raise UpstreamError(
-                f"worker {url} answered the scoring request with {reply.status}: "
-                f"{reply.body[:300].decode('utf-8', 'replace')}"
-            )
-        try:
-            # ~30 bytes of JSON per position: decoded off the loop when large.
-            return await self._offload.run(len(reply.body), scoring.read, reply.body, ids)
-        except UpstreamMalformed as exc:
-            pool.report_failure(url, str(exc))
-            raise
+        body = scoring.body(ids, model or "")
+        resends = 0
+        while True:
+            reply = await pool.score(url, key, body)
+            if reply.status != 200:
+                raise UpstreamError(
+                    f"worker {url} answered the scoring request with {reply.status}: "
+                    f"{reply.body[:300].decode('utf-8', 'replace')}"
+                )
+            try:
+                # ~30 bytes of JSON per position: decoded off the loop when large.
+                return await self._offload.run(len(reply.body), scoring.read, reply.body, ids)
+            except RescoreInterrupted as exc:
+                # Not counted against the worker: engines abort what runs on a
+                # weight update, and the same request scores once sent again.
+                if resends == self._max_resends:
+                    raise RescoreInterrupted(
+                        f"{exc.message}, {resends + 1} time(s) (--max-continuations "
+                        f"{self._max_resends}): nothing was stored; rescore it again"
+                    ) from None
+                resends += 1
+                logger.info("worker %s: %s (session %s); sending it again", url, exc.message, key)
+            except UpstreamMalformed as exc:
+                pool.report_failure(url, str(exc))
+                raise

@@ -19,7 +19,13 @@ from rollout_session.testing import TextModel
 from rollout_session.testing.faults import FaultPicker
 from tests.conftest import Stack, StackFactory, spawn_worker
 from tests.families import template_text
-from tests.integration.engines.test_weight_updates import ENGINES, Engine, make, update_weights
+from tests.integration.engines.test_weight_updates import (
+    ENGINES,
+    Engine,
+    make,
+    until,
+    update_weights,
+)
 
 USER = [{"role": "user", "content": "hello"}]
 
@@ -165,6 +171,52 @@ async def test_after_a_weight_update_the_pinned_worker_scores_with_the_new_polic
     # One rescore per label: the second replaced the first.
     doc = await stack.trajectory(session_id, schema=3)
     assert doc["segments"][0]["rescores"]["p"]["weight_version"] == "v2"
+
+
+@pytest.mark.parametrize("resends", [1, 0], ids=["sent-again", "past-max-continuations"])
+@pytest.mark.parametrize("name", ENGINES, ids=list(ENGINES))
+async def test_a_weight_update_that_aborts_the_scoring_request(
+    make_stack: StackFactory, name: str, resends: int
+) -> None:
+    """The trainer updates the worker's weights, aborting what runs, while
+    the scoring request waits in it (the GPU stalled: not yet prefilled).
+    The engine's abort is not the worker's failure: the request is sent
+    again (within --max-continuations) and scored by the new policy, or the
+    rescore is a 503 that stores nothing."""
+    stack = await make(
+        make_stack,
+        ENGINES[name],
+        decode_s=0.0,
+        completion_tokens=24,
+        max_continuations=resends,
+    )
+    session_id = await episode(stack, turns=1)
+    emulator = stack.emulator
+    answers: list[httpx.Response] = []
+
+    async def trainer() -> None:
+        answers.append(await rescore(stack, session_id, target="pinned", label="p"))
+
+    emulator.gpu.freeze()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trainer)
+        await until(lambda: bool(emulator.weights.runs()))
+        update_weights(emulator, "v2", abort=True)
+        emulator.gpu.thaw()
+    (answer,) = answers
+    (worker,) = stack.ctx.pool.workers.values()
+    assert worker.circuit_failures == 0 and worker.last_error is None
+    stored = (await stack.trajectory(session_id, schema=3))["segments"][0]["rescores"]
+    if resends:
+        assert answer.status_code == 200, answer.text
+        assert stored["p"]["weight_version"] == "v2"
+        assert stored["p"]["drift"]["max_abs"] > 0.0
+    else:
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "rescore_interrupted"
+        assert "aborted the scoring request" in answer.json()["error"]["message"]
+        assert answer.headers["retry-after"] == "1"
+        assert stored == {}
 
 
 def _scoring(body: Any) -> bool:

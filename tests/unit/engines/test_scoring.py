@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from rollout_session.engines.scoring import SGLANG_SCORING, VLLM_SCORING
-from rollout_session.errors import UpstreamMalformed
+from rollout_session.errors import RescoreInterrupted, UpstreamMalformed
 
 IDS = np.array([11, 22, 33, 44], np.int32)
 VALUES = [-0.5, -1.25, -3.0]
@@ -139,3 +139,58 @@ def test_a_bad_vllm_answer_is_malformed(body: bytes) -> None:
 def test_vllms_clamp_of_minus_inf_is_kept() -> None:
     scores = VLLM_SCORING.read(vllm_answer(IDS.tolist(), [-0.5, -9999.0, -3.0]), IDS)
     assert scores.logprobs[2] == -9999.0
+
+
+ABORT = {"type": "abort", "message": "Abort in waiting queue", "status_code": 503}
+ABORTED_CHOICE = {"index": 0, "finish_reason": "abort", "token_ids": []}
+
+
+@pytest.mark.parametrize(
+    ("scoring", "body"),
+    [
+        (
+            SGLANG_SCORING,
+            sglang_answer(IDS.tolist(), VALUES, finish_reason=ABORT, input_token_logprobs=[]),
+        ),
+        (
+            SGLANG_SCORING,
+            sglang_answer(
+                IDS.tolist(),
+                VALUES,
+                finish_reason=ABORT,
+                input_token_logprobs=[[None, 11, None], [-0.5, 22, None]],
+            ),
+        ),
+        (
+            VLLM_SCORING,
+            vllm_answer(IDS.tolist(), VALUES, prompt_logprobs=None, choices=[ABORTED_CHOICE]),
+        ),
+    ],
+    ids=["sglang-before-prefill", "sglang-partway", "vllm-before-prefill"],
+)
+def test_an_answer_aborted_before_scoring_every_position_is_interrupted(
+    scoring: Any, body: bytes
+) -> None:
+    """Not malformed: the engine aborted it (a weight update); it is sent again."""
+    with pytest.raises(RescoreInterrupted, match="aborted the scoring request"):
+        scoring.read(body, IDS)
+
+
+def test_an_aborted_answer_that_scores_every_position_is_used() -> None:
+    """vLLM aborted after the prefill, while it sampled the ignored token."""
+    body = vllm_answer(IDS.tolist(), VALUES, choices=[ABORTED_CHOICE])
+    scores = VLLM_SCORING.read(body, IDS)
+    assert scores.logprobs[1:].tolist() == VALUES
+
+
+@pytest.mark.parametrize(
+    ("scoring", "body"),
+    [
+        (SGLANG_SCORING, sglang_answer(IDS.tolist(), VALUES, input_token_logprobs=[])),
+        (VLLM_SCORING, vllm_answer(IDS.tolist(), VALUES, prompt_logprobs=None)),
+    ],
+    ids=["sglang", "vllm"],
+)
+def test_without_an_abort_missing_scores_are_malformed(scoring: Any, body: bytes) -> None:
+    with pytest.raises(UpstreamMalformed):
+        scoring.read(body, IDS)
