@@ -93,9 +93,9 @@ def _aborted(entries: int, ids: IdArray) -> RescoreInterrupted:
 
 
 def _check_length(entries: int, ids: IdArray, *, aborted: bool) -> None:
-    if entries != len(ids) and aborted:
-        raise _aborted(entries, ids)
     if entries != len(ids):
+        if aborted:  # scored partway (SGLang's chunked prefill) or not at all
+            raise _aborted(entries, ids)
         raise _malformed(f"scores {entries} positions for {len(ids)} ids sent", "length_mismatch")
 
 
