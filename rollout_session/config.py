@@ -355,7 +355,10 @@ class Settings:
 
     def worker_tls(self) -> ssl.SSLContext | None:
         """The TLS context `https` workers are verified with (`worker_ca`);
-        None: the pool's default, certifi's bundle."""
+        None: the pool's default, certifi's bundle. Built on each call (at
+        validation, then once by `create_app`): Settings keeps only the path,
+        because its fields travel to fleet shards and Ray actors, and an
+        SSLContext neither pickles nor goes on a command line."""
         if self.worker_ca is None:
             return None
         try:

@@ -29,9 +29,10 @@ An engine aborts a scoring request like any other (SGLang's
 vLLM's ``/pause`` in abort mode): the answer says ``abort`` (SGLang
 ``meta_info.finish_reason.type``, tokenizer_manager.py
 ``TokenizerManager._handle_abort_req``; vLLM ``choices[].finish_reason``,
-scale_out/token_in_token_out/serving.py) and carries the scores computed so
-far — none when it was aborted before its prefill (SGLang
-``input_token_logprobs: []``, vLLM ``prompt_logprobs: null``). Such an answer is `RescoreInterrupted`, not malformed: the worker
+scale_out/token_in_token_out/serving.py ``serve_tokens_full_generator``)
+and carries the scores computed so far — none when it was aborted before
+its prefill (SGLang ``input_token_logprobs: []``, vLLM ``prompt_logprobs:
+null``). Such an answer is `RescoreInterrupted`, not malformed: the worker
 did nothing wrong, and the request can be sent again. An aborted answer
 that still scores every position is used as it is (vLLM: aborted after the
 prefill, while it sampled the one ignored token).
