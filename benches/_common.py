@@ -47,10 +47,14 @@ _CHILD_ENV = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED
 
 
 def tokenizer_path() -> str:
-    """The bundled test tokenizer's directory (the name changed across versions)."""
-    import rollout_session.testing as testing
+    """The bundled test tokenizer's directory (its home and name changed across
+    versions: the emulator wing, once `rollout_session.testing`)."""
+    try:
+        import rollout_session.emulator as emulator
+    except ImportError:
+        import rollout_session.testing as emulator  # type: ignore[no-redef]
 
-    find = getattr(testing, "bundled_tokenizer_path", None) or testing.test_tokenizer_path
+    find = getattr(emulator, "bundled_tokenizer_path", None) or emulator.test_tokenizer_path
     return str(find())
 
 

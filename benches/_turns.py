@@ -6,7 +6,7 @@ builds it: a `SessionStore` over a `SessionRegistry` with the engine, a
 `PauseGate`, an `Offload`, `TurnMetrics`, a `ServedModel` and the settings'
 `TurnPolicy`. Two engines:
 
-- `replay_runner`: a `ReplayEngine` (rollout_session.testing.replay_engine):
+- `replay_runner`: a `ReplayEngine` (replay_engine):
   no worker, completions given by the bench;
 - `emulator_runner`: the ``sglang-chat`` engine with a worker pool of one
   emulator (placement, HTTP, the pool's admission of the worker), answers
@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import trio
 from prometheus_client import CollectorRegistry
+from replay_engine import ReplayEngine, ReplaySource
 
 from rollout_session import Settings
 from rollout_session.engines.base import (
@@ -45,7 +46,6 @@ from rollout_session.engines.sglang_chat.engine import SGLangChatEngine
 from rollout_session.prompt.tokenizer import ChatTokenizer
 from rollout_session.session.session import SessionRegistry
 from rollout_session.session.store import SessionStore
-from rollout_session.testing.replay_engine import ReplayEngine, ReplaySource
 from rollout_session.turn.metrics import TurnMetrics
 from rollout_session.turn.offload import Offload
 from rollout_session.turn.pause import PauseGate

@@ -57,13 +57,13 @@ from _common import (
     write_json,
 )
 from _turns import REPLAY_WORKER, emulator_runner, replay_runner
+from replay_engine import Replay
 from tito_cost import TOOLS, tool_result
 
 from rollout_session import Settings
 from rollout_session.engines.base import EngineRequest, EngineSession
 from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
 from rollout_session.session.session import Session
-from rollout_session.testing.replay_engine import Replay
 from rollout_session.turn.runner import TurnRunner
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from _common import WORDS, bench_parser, table, write_json
 
+from rollout_session.emulator.tokenizer import bundled_tokenizer_path
 from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
-from rollout_session.testing.tokenizer import bundled_tokenizer_path
 
 TOOLS = [
     {

@@ -55,6 +55,7 @@ import orjson
 import trio
 from _common import WORDS, bench_parser, load_average, ms, table, tokenizer_path, write_json
 from _turns import replay_runner
+from replay_engine import Replay
 from tito_cost import tool_result
 
 from rollout_session.engines.base import EngineRequest, EngineSession
@@ -63,7 +64,6 @@ from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
 from rollout_session.session.commit import CommitUndo, Sampled, TurnPlan, commit_turn
 from rollout_session.session.segments import Divergence
 from rollout_session.session.session import Session
-from rollout_session.testing.replay_engine import Replay
 from rollout_session.turn.plan import TurnPolicy, plan_turn
 from rollout_session.turn.request import ChatRequest, parse_chat_request
 from rollout_session.turn.runner import TurnOutcome, TurnRunner, sampled

@@ -22,7 +22,7 @@ import httpx
 import trio
 from _common import as_worker_request
 
-from rollout_session.testing import bundled_tokenizer_path
+from rollout_session.emulator import bundled_tokenizer_path
 
 
 async def start(command: list[str], marker: str, nursery: trio.Nursery) -> tuple[str, Any]:

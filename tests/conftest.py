@@ -18,11 +18,7 @@ from hypothesis import HealthCheck, settings
 from transformers import AutoTokenizer
 
 from rollout_session import Settings, create_app
-from rollout_session.http.app import server_context
-from rollout_session.http.context import ServerContext
-from rollout_session.http.serving import RunningServer, start_server
-from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import (
+from rollout_session.emulator import (
     Emulator,
     EmulatorConfig,
     TextModel,
@@ -30,6 +26,10 @@ from rollout_session.testing import (
     bundled_tokenizer_path,
     start_emulator,
 )
+from rollout_session.http.app import server_context
+from rollout_session.http.context import ServerContext
+from rollout_session.http.serving import RunningServer, start_server
+from rollout_session.prompt.tokenizer import ChatTokenizer
 from tests.loopback import TLS
 
 # Property-test budgets: "ci" (the suite's) and "long" (`scripts/fuzz`). Here,

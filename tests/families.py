@@ -16,14 +16,14 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
-from rollout_session.testing import (
+from rollout_session.emulator import (
     FamilyTokens,
     TextModel,
     bundled_tokenizer_path,
     family_tokenizer_path,
 )
-from rollout_session.testing.tokenizer import built_once
+from rollout_session.emulator.tokenizer import built_once
+from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 _FACTS: dict[str, Any] = json.loads((TEMPLATES / "families.json").read_text("utf-8"))["families"]

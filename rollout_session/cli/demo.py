@@ -1,6 +1,6 @@
 """``serve --demo``'s workers: SGLang or vLLM emulators started in-process.
 
-The only module of `cli` that imports `rollout_session.testing` (the
+The only module of `cli` that imports `rollout_session.emulator` (the
 emulator), and only when workers start, so importing this module costs
 nothing; `cli.main` and the fleets pass `start_demo_workers` to
 `cli.run.run_server` when the settings ask for a demo.
@@ -91,9 +91,9 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
     ``vllm``, the template's parsers: `demo_parsers`). Without the ``demo``
     extra, exits naming it."""
     try:
-        from ..testing.emulator_app import start_emulator
-        from ..testing.emulator_config import EmulatorConfig
-        from ..testing.tokenizer import bundled_tokenizer_path
+        from ..emulator.app import start_emulator
+        from ..emulator.config import EmulatorConfig
+        from ..emulator.tokenizer import bundled_tokenizer_path
     except ImportError as exc:
         raise SystemExit(
             f"serve --demo needs the demo extra ({exc}): pip install 'rollout-session[demo]'"

@@ -4,9 +4,9 @@ Every subcommand is listed (``rollout-session --help``), but only the one
 named on the command line is imported and adds its flags: ``export
 --help`` loads no server, ``serve --help`` no emulator. Each lives in its
 own module (`options` and `run` for ``serve``, `check_template`,
-`export.bulk`, `testing.emulator_cli`); a subcommand whose optional extra is
+`export.bulk`, `emulator.cli`); a subcommand whose optional extra is
 not installed exits naming it. The top of the layers: the only `cli` module
-that may import `fleet`, and `testing` for the ``emulator`` subcommand.
+that may import `fleet`, and `emulator` for the ``emulator`` subcommand.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int | N
 
 
 def _emulator_command() -> tuple[AddArguments, Run]:
-    from ..testing import emulator_cli
+    from ..emulator import cli as emulator_cli
 
     def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         emulator_cli.run(args)

@@ -2,7 +2,7 @@
 (until told), the connection cap within the descriptor limit, and why a
 start failed, said in one line instead of a traceback.
 
-Imports nothing of `rollout_session.testing`: demo workers come in as
+Imports nothing of `rollout_session.emulator`: demo workers come in as
 `run_server`'s `start_workers` (`cli.demo.start_demo_workers`), from the
 callers that support ``--demo``.
 """

@@ -10,5 +10,5 @@ Anthropic Messages, server-sent events).
 
 May import every wing below it: `config`, `turn`, `engines`, `export`,
 `session`, `prompt`, `errors`, `tokens`, and `client` (the fleet's
-rendezvous hashing). Never `testing`.
+rendezvous hashing). Never `emulator`.
 """

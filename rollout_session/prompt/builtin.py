@@ -1,6 +1,6 @@
 """Chat templates shipped with the package (``--chat-template chatml|qwen3``).
 
-They live here, not in ``testing``, because the server loads them by name;
+They live here, not in the emulator wing, because the server loads them by name;
 the emulator and the bundled test tokenizer use them too.
 """
 

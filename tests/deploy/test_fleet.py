@@ -25,15 +25,15 @@ import trio
 
 from rollout_session import Settings, create_app
 from rollout_session.client import SessionClient, rendezvous_owner
+from rollout_session.emulator import EmulatorConfig, TextModel
 from rollout_session.export import bulk as bulk_export
 from rollout_session.fleet.processes import bind_sockets, fleet_urls
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig, TextModel
-from rollout_session.testing.processes import start_listening
 from tests.conftest import agent_turn, spawn_worker
 from tests.integration.raw_http import RawConnection
 from tests.loopback import TLS
+from tests.processes import start_listening
 
 _READY = re.compile(r"^rollout-session fleet of 3 shards: (.+)$")
 _PID = re.compile(r"^\[shard (\d)\] pid (\d+) for ")

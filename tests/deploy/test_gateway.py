@@ -26,10 +26,10 @@ import pytest
 import trio
 
 from rollout_session import Settings, create_app
+from rollout_session.emulator import EmulatorConfig, TextModel
 from rollout_session.http.app import server_context
 from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig, TextModel
 from tests.conftest import TOOLS, Stack, StackFactory, Worker, spawn_worker
 from tests.integration.session.test_turns import check_document, echo
 from tests.loopback import TLS

@@ -12,10 +12,10 @@ import pytest
 import trio
 from transformers import AutoTokenizer
 
-from rollout_session.testing.emulator import Emulator, EmulatorConfig
-from rollout_session.testing.emulator_app import start_emulator
-from rollout_session.testing.generation import TextModel
-from rollout_session.testing.tokenizer import bundled_tokenizer_path
+from rollout_session.emulator.app import start_emulator
+from rollout_session.emulator.model.generation import TextModel
+from rollout_session.emulator.tokenizer import bundled_tokenizer_path
+from rollout_session.emulator.worker import Emulator, EmulatorConfig
 from tests.loopback import TLS
 
 Serve = Callable[..., Awaitable[tuple[httpx.AsyncClient, Emulator]]]

@@ -18,17 +18,17 @@ import trio
 import trio.testing
 from transformers import AutoTokenizer
 
-from rollout_session.testing.emulator import EmulatorConfig
-from rollout_session.testing.emulator_app import start_emulator
-from rollout_session.testing.emulator_cli import add_arguments, config_from_args
-from rollout_session.testing.faults import FAULT_HEADER
-from rollout_session.testing.prefix_cache import PrefixCache
-from rollout_session.testing.prompt_reader import ALL_TOOLS
-from rollout_session.testing.sglang_answer import routed_experts_blob
+from rollout_session.emulator.app import start_emulator
+from rollout_session.emulator.cli import add_arguments, config_from_args
+from rollout_session.emulator.faults import FAULT_HEADER
+from rollout_session.emulator.model.prompt_reader import ALL_TOOLS
+from rollout_session.emulator.prefix_cache import PrefixCache
+from rollout_session.emulator.sglang.answer import routed_experts_blob
 
 # Aliased: pytest would collect a module-level name starting with "test_".
-from rollout_session.testing.tokenizer import builtin_template
-from rollout_session.testing.tokenizer import bundled_tokenizer_path as bundled_tokenizer_path
+from rollout_session.emulator.tokenizer import builtin_template
+from rollout_session.emulator.tokenizer import bundled_tokenizer_path as bundled_tokenizer_path
+from rollout_session.emulator.worker import EmulatorConfig
 from tests.emulator.conftest import Serve
 from tests.loopback import TLS
 

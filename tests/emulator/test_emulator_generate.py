@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from rollout_session.testing.generate_params import SAMPLING_FIELDS, contract_error
-from rollout_session.testing.parse_memo import NOT_SAMPLED, ParseMemo
-from rollout_session.testing.prompt_reader import ALL_TOOLS
-from rollout_session.testing.tokenizer import builtin_template
+from rollout_session.emulator.model.prompt_reader import ALL_TOOLS
+from rollout_session.emulator.sglang.generate_params import SAMPLING_FIELDS, contract_error
+from rollout_session.emulator.sglang.parse_memo import NOT_SAMPLED, ParseMemo
+from rollout_session.emulator.tokenizer import builtin_template
 from tests.emulator.conftest import Serve
 from tests.emulator.test_emulator import (
     FLAT_ERROR_KEYS,

@@ -1,4 +1,4 @@
-"""The emulator's GPU-time model (`rollout_session.testing.gpu`), on trio's virtual clock.
+"""The emulator's GPU-time model (`rollout_session.emulator.gpu`), on trio's virtual clock.
 
 Every test runs under the autojump clock, so times are exact virtual seconds:
 no sleeps, no wall-clock asserts. Requests are started one at a time with
@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from rollout_session.testing.gpu import GpuModel
-from rollout_session.testing.prefix_cache import PrefixCache
+from rollout_session.emulator.gpu import GpuModel
+from rollout_session.emulator.prefix_cache import PrefixCache
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import trio
 
-from rollout_session.testing.emulator import Emulator
-from rollout_session.testing.prefix_cache import PrefixCache
+from rollout_session.emulator.prefix_cache import PrefixCache
+from rollout_session.emulator.worker import Emulator
 from tests.emulator.conftest import Serve
 
 # 20 blocks of 16 tokens; a turn below is 95 prompt + 6 sampled tokens (6 blocks).

@@ -13,9 +13,9 @@ import httpx
 import pytest
 import trio
 
-from rollout_session.testing.emulator import Emulator, EmulatorConfig
-from rollout_session.testing.emulator_app import start_emulator
-from rollout_session.testing.generation import TextModel
+from rollout_session.emulator.app import start_emulator
+from rollout_session.emulator.model.generation import TextModel
+from rollout_session.emulator.worker import Emulator, EmulatorConfig
 from tests.emulator.conftest import Serve
 from tests.families import family_path, family_text_model
 from tests.loopback import TLS

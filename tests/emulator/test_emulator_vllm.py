@@ -22,13 +22,13 @@ import pytest
 import trio
 from transformers import AutoTokenizer
 
-from rollout_session.testing.emulator import Emulator
-from rollout_session.testing.emulator_cli import add_arguments, config_from_args
-from rollout_session.testing.emulator_config import EmulatorConfig
-from rollout_session.testing.faults import FAULT_HEADER, FAULTS
-from rollout_session.testing.prompt_reader import ALL_TOOLS
-from rollout_session.testing.sglang_answer import routed_experts
-from rollout_session.testing.tokenizer import builtin_template
+from rollout_session.emulator.cli import add_arguments, config_from_args
+from rollout_session.emulator.config import EmulatorConfig
+from rollout_session.emulator.faults import FAULT_HEADER, FAULTS
+from rollout_session.emulator.model.prompt_reader import ALL_TOOLS
+from rollout_session.emulator.sglang.answer import routed_experts
+from rollout_session.emulator.tokenizer import builtin_template
+from rollout_session.emulator.worker import Emulator
 from tests.emulator.conftest import Serve
 from tests.emulator.test_emulator import MESSAGES, TOOLS, render
 

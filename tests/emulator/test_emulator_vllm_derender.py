@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 import pytest
 
-from rollout_session.testing.emulator import Emulator
-from rollout_session.testing.emulator_config import EmulatorConfig
-from rollout_session.testing.faults import FAULT_HEADER, Reply
-from rollout_session.testing.generation import Sample, TextModel
-from rollout_session.testing.vllm_derender import Detokenizer, SampledAnswers, derender_chat
+from rollout_session.emulator.config import EmulatorConfig
+from rollout_session.emulator.faults import FAULT_HEADER, Reply
+from rollout_session.emulator.model.generation import Sample, TextModel
+from rollout_session.emulator.vllm.derender import Detokenizer, SampledAnswers, derender_chat
+from rollout_session.emulator.worker import Emulator
 from tests.emulator.test_emulator import MESSAGES, TOOLS
 from tests.emulator.test_emulator_vllm import (
     ASK_ALL,

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollout_session.testing.vllm_tag import TAG_FORMAT, read_tag
+from rollout_session.emulator.vllm.tag import TAG_FORMAT, read_tag
 from tests.emulator.conftest import Serve
 from tests.emulator.test_emulator import MESSAGES, NOPE, render
 from tests.emulator.test_emulator import TOOLS as TOOLS_LITERAL

@@ -20,8 +20,8 @@ import pytest
 import trio
 import trio.testing
 
-from rollout_session.testing.emulator import Emulator
-from rollout_session.testing.weights import Run
+from rollout_session.emulator.weights import Run
+from rollout_session.emulator.worker import Emulator
 from tests.emulator.conftest import Serve
 from tests.emulator.test_emulator import MESSAGES, chat, render
 

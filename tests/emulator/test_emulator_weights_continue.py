@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 
-from rollout_session.testing.emulator import Emulator, EmulatorConfig
+from rollout_session.emulator.worker import Emulator, EmulatorConfig
 from tests.emulator.conftest import Serve
 from tests.emulator.test_emulator import MESSAGES, TOOLS
 from tests.emulator.test_emulator_vllm import GENERATE, QWEN3, contract_body, prompt_ids

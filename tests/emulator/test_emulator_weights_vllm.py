@@ -19,10 +19,10 @@ import pytest
 import trio
 import trio.testing
 
-from rollout_session.testing.emulator import Emulator
-from rollout_session.testing.emulator_cli import add_arguments, config_from_args
-from rollout_session.testing.emulator_config import EmulatorConfig
-from rollout_session.testing.weights import Run
+from rollout_session.emulator.cli import add_arguments, config_from_args
+from rollout_session.emulator.config import EmulatorConfig
+from rollout_session.emulator.weights import Run
+from rollout_session.emulator.worker import Emulator
 from tests.emulator.conftest import Serve
 from tests.emulator.test_emulator_vllm import ABORT, GENERATE, contract_body, error_of, prompt_ids
 from tests.emulator.test_emulator_weights import STEP, TOKENS, Calls

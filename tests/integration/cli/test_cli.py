@@ -14,11 +14,11 @@ import openai
 import pytest
 import trio
 
-from rollout_session.testing.processes import start_listening
 from tests import FIXTURES
 from tests.conftest import TOOLS, agent_turn
 from tests.families import family_path
 from tests.loopback import TLS
+from tests.processes import start_listening
 
 
 async def test_serve_demo_runs_a_session_and_stops_on_sigint() -> None:
@@ -244,19 +244,19 @@ async def test_emulator_refuses_an_engine_it_does_not_speak() -> None:
 # Neither the web stack nor transformers, the emulator nor pyarrow (each took
 # seconds before); `config` (engines, numpy) only where flags need Settings.
 SERVER = ("quart", "hypercorn.trio", "rollout_session.http", "transformers", "pyarrow")
-EMULATOR = ("rollout_session.testing.emulator", "rollout_session.testing.emulator_app")
+EMULATOR = ("rollout_session.emulator.worker", "rollout_session.emulator.app")
 
 
 @pytest.mark.parametrize(
     ("argv", "forbidden"),
     [
         ([], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.config",
-              "rollout_session.export.bulk", "rollout_session.testing")),
+              "rollout_session.export.bulk", "rollout_session.emulator")),
         (["export"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.config",
-                      "rollout_session.testing")),
-        (["check-template"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.testing")),
+                      "rollout_session.emulator")),
+        (["check-template"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.emulator")),
         (["emulator"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.config")),
-        (["serve"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.testing",
+        (["serve"], (*SERVER, *EMULATOR, "hypercorn", "rollout_session.emulator",
                      "rollout_session.export.bulk", "rollout_session.fleet")),
     ],
     ids=["top-level", "export", "check-template", "emulator", "serve"],

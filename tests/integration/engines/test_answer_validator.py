@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rollout_session.testing.emulator import EmulatorConfig
+from rollout_session.emulator.worker import EmulatorConfig
 from tests.conftest import Stack, StackFactory
 from tests.integration.engines.test_failures import USER, assert_released_and_clean
 from tests.integration.session.test_turns import check_document, run_tool_episode

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import trio
 
+from rollout_session.emulator.faults import FaultPicker
 from rollout_session.engines.pool import Circuit, Health, Worker
-from rollout_session.testing.faults import FaultPicker
 from tests.conftest import Stack, StackFactory
 
 USER = [{"role": "user", "content": "hello"}]

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from rollout_session.testing.emulator import EmulatorConfig
+from rollout_session.emulator.worker import EmulatorConfig
 from tests.conftest import TOOLS, StackFactory
 from tests.integration.protocols.test_streaming import parse_sse
 from tests.sglang_source import load_protocol, or_skip

@@ -12,10 +12,10 @@ import pytest
 import trio
 
 from rollout_session import Settings
+from rollout_session.emulator.sglang.sessions import SessionTable
 from rollout_session.engines.pool import Health
 from rollout_session.engines.sglang_generate import SGLangGenerateEngine
 from rollout_session.engines.sglang_generate.delta import RemoteSessions
-from rollout_session.testing.kv_sessions import SessionTable
 from tests.conftest import Stack, StackFactory
 
 GENERATE = {"engine": "sglang-generate"}

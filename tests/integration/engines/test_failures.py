@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trio
 
-from rollout_session.testing.emulator import EmulatorConfig
+from rollout_session.emulator.worker import EmulatorConfig
 from tests.conftest import Stack, StackFactory
 
 USER = [{"role": "user", "content": "hello"}]

@@ -21,11 +21,11 @@ import pytest
 import trio
 
 from rollout_session import Settings, create_app
+from rollout_session.emulator import EmulatorConfig
 from rollout_session.errors import InvalidRequest
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.check import Outcome
 from rollout_session.prompt.messages import Message
-from rollout_session.testing import EmulatorConfig
 from tests.conftest import spawn_worker
 from tests.families import (
     FAMILIES,

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from rollout_session.client import SessionClient
-from rollout_session.testing.emulator import EmulatorConfig
+from rollout_session.emulator.worker import EmulatorConfig
 from tests.conftest import Stack, StackFactory
 
 USER = [{"role": "user", "content": "hello"}]

@@ -13,7 +13,7 @@ import trio
 
 from rollout_session import Settings
 from rollout_session.cli.options import add_serve_arguments, settings_from_args
-from rollout_session.testing import EmulatorConfig
+from rollout_session.emulator import EmulatorConfig
 from tests.conftest import StackFactory
 
 SERVED = EmulatorConfig().model_name

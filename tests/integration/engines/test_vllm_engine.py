@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from rollout_session.testing import EmulatorConfig
-from rollout_session.testing.faults import FaultPicker
+from rollout_session.emulator import EmulatorConfig
+from rollout_session.emulator.faults import FaultPicker
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.engines.test_answer_validator import comparable
 from tests.integration.session.test_turns import check_document, run_tool_episode

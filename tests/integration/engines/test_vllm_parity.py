@@ -17,10 +17,10 @@ import pytest
 import trio
 
 from rollout_session import Settings, create_app
+from rollout_session.emulator import EmulatorConfig
 from rollout_session.engines.vllm.parsers import VllmParsers
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.check import Outcome
-from rollout_session.testing import EmulatorConfig
 from tests.conftest import spawn_worker
 from tests.families import FAMILIES, family_facts, family_path, family_text_model, family_tokenizer
 from tests.integration.engines.test_generate_parity import _run, _shape

@@ -1,6 +1,6 @@
 """Weight updates mid-turn, end to end: a session server in front of
 emulator workers that model SGLang 0.5.23's and vLLM 0.33's aborts, pauses
-and version labels (rollout_session/testing/weights.py).
+and version labels (rollout_session/emulator/weights.py).
 
 An interrupted turn is continued from prompt + partial ids (sglang-generate,
 vllm) or sampled afresh (sglang-chat); either way the agent gets the answer
@@ -25,12 +25,12 @@ import trio
 
 from rollout_session import Settings, create_app
 from rollout_session.client import SessionClient
+from rollout_session.emulator import EmulatorConfig, TextModel
+from rollout_session.emulator.worker import Emulator
 from rollout_session.engines.vllm.parsers import VllmParsers
 from rollout_session.http.app import server_context
 from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig, TextModel
-from rollout_session.testing.emulator import Emulator
 from tests.conftest import TOOLS, Stack, StackFactory, spawn_worker
 from tests.families import (
     FAMILIES,

@@ -20,11 +20,11 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from rollout_session import Settings, create_app
+from rollout_session.emulator import EmulatorConfig, TextModel
 from rollout_session.engines.pool import Health, WorkerPool
 from rollout_session.http.app import server_context
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig, TextModel
 from tests.conftest import Stack, StackFactory, spawn_worker
 from tests.loopback import TLS
 

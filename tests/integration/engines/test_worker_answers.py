@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import trio
 
-from rollout_session.testing import EmulatorConfig
-from rollout_session.testing.faults import FaultPicker
+from rollout_session.emulator import EmulatorConfig
+from rollout_session.emulator.faults import FaultPicker
 from tests.conftest import Stack, StackFactory
 
 USER = [{"role": "user", "content": "hello"}]

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from rollout_session.testing import EmulatorConfig, TextModel
+from rollout_session.emulator import EmulatorConfig, TextModel
 from tests.conftest import StackFactory, spawn_worker
 
 USER = [{"role": "user", "content": "hello"}]

@@ -19,11 +19,11 @@ import trio
 import trustme
 
 from rollout_session import Settings, create_app
+from rollout_session.emulator import EmulatorConfig, TextModel, start_emulator
 from rollout_session.engines.pool import Health
 from rollout_session.http.app import server_context
 from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig, TextModel, start_emulator
 from tests.loopback import TLS
 
 USER = [{"role": "user", "content": "hello"}]

@@ -9,8 +9,8 @@ import httpx
 import pytest
 import trio
 
+from rollout_session.emulator import EmulatorConfig
 from rollout_session.engines.pool import Health
-from rollout_session.testing import EmulatorConfig
 from tests.conftest import Stack, StackFactory, spawn_worker
 from tests.integration.session.test_turns import check_document, echo
 from tests.loopback import TLS

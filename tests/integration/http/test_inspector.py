@@ -21,12 +21,12 @@ import httpx
 import pytest
 import trio
 
+from rollout_session.emulator import EmulatorConfig
 from rollout_session.http.routes.inspector import (
     CONTENT_SECURITY_POLICY,
     first_mismatch,
     is_public_path,
 )
-from rollout_session.testing import EmulatorConfig
 from tests import ROOT
 from tests.conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
 from tests.integration.session.test_turns import answered, echo

@@ -19,9 +19,9 @@ import trio
 
 from rollout_session import Settings, create_app
 from rollout_session.client import SessionClient
+from rollout_session.emulator import EmulatorConfig, TextModel
 from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig, TextModel
 from tests.conftest import Stack, StackFactory, agent_turn, spawn_worker
 from tests.loopback import TLS
 

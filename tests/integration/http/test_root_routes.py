@@ -94,7 +94,7 @@ async def test_concurrent_rollouts_on_one_base_url_never_collide(stack: Stack) -
 async def test_the_same_id_twice_at_once_is_409_as_on_the_session_route(
     make_stack: StackFactory,
 ) -> None:
-    from rollout_session.testing import EmulatorConfig
+    from rollout_session.emulator import EmulatorConfig
 
     stack = await make_stack(emulator=EmulatorConfig(base_latency_s=0.5))
     session_id = await stack.create()

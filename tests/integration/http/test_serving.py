@@ -21,11 +21,11 @@ from quart_trio import QuartTrio
 from rollout_session import Settings, create_app
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing.processes import start_listening
 from tests import FIXTURES
 from tests.conftest import Stack, StackFactory
 from tests.integration.raw_http import RawConnection
 from tests.loopback import TLS
+from tests.processes import start_listening
 
 STALL_S = 10.0
 # Far above STALL_S: a server that waits out its grace fails the test.

@@ -22,14 +22,14 @@ import pytest
 import trio
 
 from rollout_session import Settings, create_app
+from rollout_session.emulator import EmulatorConfig, TextModel, bundled_tokenizer_path
 from rollout_session.http.app import server_context
 from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig, TextModel, bundled_tokenizer_path
-from rollout_session.testing.processes import start_listening
 from tests.conftest import TOOLS, Stack, StackFactory, spawn_worker
 from tests.integration.session.test_turns import check_document
 from tests.loopback import TLS
+from tests.processes import start_listening
 
 TURNS = 4
 FAULT_AT = 2

@@ -12,8 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from rollout_session.testing import EmulatorConfig
-from rollout_session.testing.faults import FaultPicker
+from rollout_session.emulator import EmulatorConfig
+from rollout_session.emulator.faults import FaultPicker
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.conftest import closed_after_test
 from tests.integration.protocols.test_sdk import MODEL

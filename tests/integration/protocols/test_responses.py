@@ -8,7 +8,7 @@ from typing import Any
 import openai
 import pytest
 
-from rollout_session.testing import EmulatorConfig
+from rollout_session.emulator import EmulatorConfig
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.conftest import closed_after_test
 from tests.integration.http.test_root_routes import (

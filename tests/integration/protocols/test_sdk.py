@@ -16,7 +16,7 @@ import pytest
 import trio
 from openai.types.chat import ChatCompletionChunk
 
-from rollout_session.testing.emulator import EmulatorConfig
+from rollout_session.emulator.worker import EmulatorConfig
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.session.test_turns import check_document
 from tests.loopback import TLS

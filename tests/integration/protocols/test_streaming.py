@@ -15,13 +15,13 @@ import orjson
 import pytest
 import trio
 
+from rollout_session.emulator.worker import EmulatorConfig
 from rollout_session.http.protocols.sse import (
     LOGPROB_ENTRIES,
     encode_events,
     sse_body,
     stream_chunks,
 )
-from rollout_session.testing.emulator import EmulatorConfig
 from rollout_session.turn.request import StreamMode, parse_chat_request
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.session.test_turns import check_document, echo

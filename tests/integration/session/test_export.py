@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from rollout_session.testing import EmulatorConfig
+from rollout_session.emulator import EmulatorConfig
 from tests.conftest import TOOLS, Stack, StackFactory
 from tests.integration.session.test_turns import check_document, echo, run_tool_episode
 from tests.loopback import TLS

@@ -22,14 +22,14 @@ import pytest
 import trio
 
 from rollout_session import Settings, create_app
+from rollout_session.emulator import EmulatorConfig
+from rollout_session.emulator.model.prompt_reader import ALL_TOOLS
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.check import Outcome, junction_problem
 from rollout_session.prompt.junction import STOPPED
 from rollout_session.prompt.messages import Message, assistant_message, normalize_messages
 from rollout_session.prompt.model_output import CallIds
 from rollout_session.prompt.tokenizer import ChatTokenizer
-from rollout_session.testing import EmulatorConfig
-from rollout_session.testing.prompt_reader import ALL_TOOLS
 from tests.conftest import spawn_worker
 from tests.families import family_path, family_text_model, family_tokenizer, template_text
 from tests.integration.session.test_turns import check_document

@@ -12,11 +12,11 @@ import trio
 import trio.testing
 
 from rollout_session import Settings, create_app
+from rollout_session.emulator import EmulatorConfig
 from rollout_session.http.app import server_context
 from rollout_session.session.expiry import Expiry
 from rollout_session.session.session import Session, SessionRegistry, SessionState
 from rollout_session.session.store import SessionStore
-from rollout_session.testing import EmulatorConfig
 from tests.conftest import Stack, StackFactory
 from tests.loopback import TLS
 

@@ -14,9 +14,9 @@ import pytest
 import trio
 
 from rollout_session.client import SessionClient, SessionServerError
+from rollout_session.emulator import TextModel
+from rollout_session.emulator.faults import FaultPicker
 from rollout_session.export import bulk as bulk_export
-from rollout_session.testing import TextModel
-from rollout_session.testing.faults import FaultPicker
 from tests.conftest import Stack, StackFactory, spawn_worker
 from tests.families import template_text
 from tests.integration.engines.test_weight_updates import (

@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from rollout_session.testing.emulator import EmulatorConfig
+from rollout_session.emulator.worker import EmulatorConfig
 from tests.conftest import OTHER_TOOLS, TOOLS, Stack, StackFactory
 from tests.integration.conftest import closed_after_test
 from tests.integration.protocols.test_sdk import MODEL, base_url

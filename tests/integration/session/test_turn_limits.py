@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from rollout_session.emulator.worker import EmulatorConfig
 from rollout_session.prompt.bounded import PIECE_CHARS
-from rollout_session.testing.emulator import EmulatorConfig
 from tests.conftest import StackFactory
 
 

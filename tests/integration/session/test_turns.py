@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import trio
 
+from rollout_session.emulator import builtin_template
+from rollout_session.emulator.worker import EmulatorConfig
 from rollout_session.session.session import SessionState
-from rollout_session.testing import builtin_template
-from rollout_session.testing.emulator import EmulatorConfig
 from tests.conftest import TOOLS, Stack, StackFactory
 
 

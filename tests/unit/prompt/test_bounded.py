@@ -8,9 +8,9 @@ from collections.abc import Callable
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from rollout_session.emulator.tokenizer import bundled_tokenizer_path
 from rollout_session.prompt import bounded
 from rollout_session.prompt.bounded import PromptTooLong, encode_within, tokens_at_least
-from rollout_session.testing.tokenizer import bundled_tokenizer_path
 
 Encode = Callable[[str], list[int]]
 

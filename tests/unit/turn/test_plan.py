@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rollout_session.emulator import bundled_tokenizer_path
 from rollout_session.errors import (
     InvalidRequest,
     InvariantViolated,
@@ -35,7 +36,6 @@ from rollout_session.session.segments import (
 )
 from rollout_session.session.session import Session, SessionRegistry
 from rollout_session.session.trajectory import Turn
-from rollout_session.testing import bundled_tokenizer_path
 from rollout_session.turn.plan import TurnPolicy, plan_turn
 from rollout_session.turn.request import ChatRequest, chat_request
 

@@ -54,7 +54,7 @@ from typing import Any, Final
 
 import jinja2
 
-from rollout_session.testing.vllm_generate import (
+from rollout_session.emulator.vllm.generate import (
     _CONSTRAINTS,
     _SAMPLING_FIELDS,
     Loc,
@@ -83,12 +83,12 @@ from rollout_session.testing.vllm_generate import (
     require_object,
     validation_error,
 )
-from rollout_session.testing.vllm_names import (
+from rollout_session.emulator.vllm.names import (
     RENDER_REASONING_PARSERS,
     RENDER_TOOL_PARSERS,
     RenderToolParser,
 )
-from rollout_session.testing.vllm_tag import mint_tag
+from rollout_session.emulator.vllm.tag import mint_tag
 
 __all__ = ["RENDER_PATH", "ChatTemplate", "generation_sampling_defaults", "render_chat"]
 

@@ -40,10 +40,10 @@ from typing import Any, Final
 
 import numpy as np
 
-from rollout_session.testing.generate_params import ToolConstraint, array_tool_constraint
-from rollout_session.testing.logprobs import rank_of
-from rollout_session.testing.sglang_answer import routed_experts
-from rollout_session.testing.vllm_generate import (
+from rollout_session.emulator.model.logprobs import rank_of
+from rollout_session.emulator.sglang.answer import routed_experts
+from rollout_session.emulator.sglang.generate_params import ToolConstraint, array_tool_constraint
+from rollout_session.emulator.vllm.generate import (
     GenerateRequest,
     ParseContext,
     Sampling,
@@ -51,8 +51,8 @@ from rollout_session.testing.vllm_generate import (
     VllmServer,
     not_modelled,
 )
-from rollout_session.testing.vllm_names import KIMI_TOOL_PARSERS
-from rollout_session.testing.vllm_tag import read_tag, tag_constraint
+from rollout_session.emulator.vllm.names import KIMI_TOOL_PARSERS
+from rollout_session.emulator.vllm.tag import read_tag, tag_constraint
 
 __all__ = [
     "Outcome",

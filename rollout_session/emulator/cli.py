@@ -16,10 +16,10 @@ from typing import Any
 
 import trio
 
-from rollout_session.testing.emulator_config import ENGINES, EmulatorConfig
-from rollout_session.testing.faults import FAULTS
-from rollout_session.testing.tokenizer import BUILTIN_TEMPLATES
-from rollout_session.testing.vllm_names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
+from rollout_session.emulator.config import ENGINES, EmulatorConfig
+from rollout_session.emulator.faults import FAULTS
+from rollout_session.emulator.tokenizer import BUILTIN_TEMPLATES
+from rollout_session.emulator.vllm.names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
 
 __all__ = ["ENGINES", "add_arguments", "config_from_args", "run"]
 
@@ -192,7 +192,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 async def _serve(config: EmulatorConfig, host: str, port: int) -> None:
     # SIGINT/SIGTERM shut the server down gracefully instead of unwinding
     # through the nursery as a KeyboardInterrupt traceback.
-    from rollout_session.testing.emulator_app import start_emulator
+    from rollout_session.emulator.app import start_emulator
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:

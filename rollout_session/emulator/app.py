@@ -27,15 +27,15 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
+from rollout_session.emulator import weight_routes
+from rollout_session.emulator.faults import FAULT_HEADER, BodyFaultMiddleware, Reply
+from rollout_session.emulator.model.generation import TextModel
+from rollout_session.emulator.vllm.generate import error_body as vllm_error_body
+from rollout_session.emulator.vllm.generate import random_uuid
+from rollout_session.emulator.vllm.names import VLLM_VERSION
+from rollout_session.emulator.vllm.render import RENDER_PATH
+from rollout_session.emulator.worker import Emulator, EmulatorConfig
 from rollout_session.http.serving import RunningServer, start_server
-from rollout_session.testing import weight_routes
-from rollout_session.testing.emulator import Emulator, EmulatorConfig
-from rollout_session.testing.faults import FAULT_HEADER, BodyFaultMiddleware, Reply
-from rollout_session.testing.generation import TextModel
-from rollout_session.testing.vllm_generate import error_body as vllm_error_body
-from rollout_session.testing.vllm_generate import random_uuid
-from rollout_session.testing.vllm_names import VLLM_VERSION
-from rollout_session.testing.vllm_render import RENDER_PATH
 
 DERENDER_PATH = "/v1/chat/completions/derender"
 
@@ -72,7 +72,7 @@ def create_emulator_app(
     if model is None and tokenizer is not None:
         model = TextModel(tokenizer)
     # Named after `emulator`, not this module: the app's logger is the emulator's.
-    app = QuartTrio("rollout_session.testing.emulator")
+    app = QuartTrio("rollout_session.emulator.worker")
     # Quart's defaults cut long requests and responses; the emulator stalls on purpose.
     app.config.update(MAX_CONTENT_LENGTH=None, BODY_TIMEOUT=None, RESPONSE_TIMEOUT=None)
     emulator = Emulator(config, model)

@@ -57,10 +57,10 @@ from typing import Any, Final
 
 import orjson
 
-from rollout_session.testing.faults import Reply, error_body
-from rollout_session.testing.vllm_generate import Loc, _bool, _Errors, _str, body_error
-from rollout_session.testing.vllm_generate import error_body as vllm_error_body
-from rollout_session.testing.weights import SGLANG_PAUSE_MODES, VLLM_PAUSE_MODES, Weights
+from rollout_session.emulator.faults import Reply, error_body
+from rollout_session.emulator.vllm.generate import Loc, _bool, _Errors, _str, body_error
+from rollout_session.emulator.vllm.generate import error_body as vllm_error_body
+from rollout_session.emulator.weights import SGLANG_PAUSE_MODES, VLLM_PAUSE_MODES, Weights
 
 __all__ = [
     "sglang_abort_request",

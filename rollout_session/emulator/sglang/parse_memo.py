@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import orjson
 
-from rollout_session.testing.faults import Reply, error_body
+from rollout_session.emulator.faults import Reply, error_body
 
 __all__ = [
     "NOT_SAMPLED",

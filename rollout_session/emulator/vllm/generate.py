@@ -48,9 +48,9 @@ from typing import Any, Final
 
 import orjson
 
-from rollout_session.testing.faults import Reply
-from rollout_session.testing.vllm_names import VLLM_MAX_LOGPROBS
-from rollout_session.testing.vllm_tag import read_tag
+from rollout_session.emulator.faults import Reply
+from rollout_session.emulator.vllm.names import VLLM_MAX_LOGPROBS
+from rollout_session.emulator.vllm.tag import read_tag
 
 __all__ = [
     "GenerateRequest",

@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollout_session.testing.faults import FAULTS
-from rollout_session.testing.tokenizer import bundled_tokenizer_path
-from rollout_session.testing.vllm_names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
+from rollout_session.emulator.faults import FAULTS
+from rollout_session.emulator.tokenizer import bundled_tokenizer_path
+from rollout_session.emulator.vllm.names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
 
 __all__ = ["ENGINES", "EmulatorConfig"]
 

@@ -1,4 +1,4 @@
-"""Test and demo support: the emulator (SGLang or vLLM) and the bundled test tokenizers.
+"""The emulator wing: SGLang and vLLM workers with no GPU, and the bundled test tokenizers.
 
 Names are imported on first use, so a command that only describes the
 emulator's flags does not load the emulator (transformers, Quart).
@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING
 from rollout_session._lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from rollout_session.testing.emulator import ChatRecord, Emulator
-    from rollout_session.testing.emulator_app import create_emulator_app, start_emulator
-    from rollout_session.testing.emulator_config import EmulatorConfig
-    from rollout_session.testing.faults import FAULT_HEADER, FAULTS
-    from rollout_session.testing.generation import TextModel
-    from rollout_session.testing.tokenizer import (
+    from rollout_session.emulator.app import create_emulator_app, start_emulator
+    from rollout_session.emulator.config import EmulatorConfig
+    from rollout_session.emulator.faults import FAULT_HEADER, FAULTS
+    from rollout_session.emulator.model.generation import TextModel
+    from rollout_session.emulator.tokenizer import (
         BUILTIN_TEMPLATES,
         FamilyTokens,
         builtin_template,
         bundled_tokenizer_path,
         family_tokenizer_path,
     )
+    from rollout_session.emulator.worker import ChatRecord, Emulator
 
 __all__ = [
     "BUILTIN_TEMPLATES",
@@ -44,16 +44,16 @@ _HOME = {
     "BUILTIN_TEMPLATES": ".tokenizer",
     "FAULTS": ".faults",
     "FAULT_HEADER": ".faults",
-    "ChatRecord": ".emulator",
-    "Emulator": ".emulator",
-    "EmulatorConfig": ".emulator_config",
+    "ChatRecord": ".worker",
+    "Emulator": ".worker",
+    "EmulatorConfig": ".config",
     "FamilyTokens": ".tokenizer",
-    "TextModel": ".generation",
+    "TextModel": ".model.generation",
     "builtin_template": ".tokenizer",
     "bundled_tokenizer_path": ".tokenizer",
-    "create_emulator_app": ".emulator_app",
+    "create_emulator_app": ".app",
     "family_tokenizer_path": ".tokenizer",
-    "start_emulator": ".emulator_app",
+    "start_emulator": ".app",
 }
 
 __getattr__, __dir__ = lazy_attributes(__name__, _HOME, __all__)

@@ -63,9 +63,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from rollout_session.testing.faults import Reply
-from rollout_session.testing.vllm_answer import Decode, Outcome, derender_message
-from rollout_session.testing.vllm_generate import (
+from rollout_session.emulator.faults import Reply
+from rollout_session.emulator.vllm.answer import Decode, Outcome, derender_message
+from rollout_session.emulator.vllm.generate import (
     _BAD,
     _VLLM_MAX_N_SEQUENCES,
     Loc,
@@ -87,18 +87,18 @@ from rollout_session.testing.vllm_generate import (
     not_modelled,
     random_uuid,
 )
-from rollout_session.testing.vllm_names import VLLM_MAX_LOGPROBS
-from rollout_session.testing.vllm_render import (
+from rollout_session.emulator.vllm.names import VLLM_MAX_LOGPROBS
+from rollout_session.emulator.vllm.render import (
     _FIELDS as _CHAT_FIELDS,
 )
-from rollout_session.testing.vllm_render import (
+from rollout_session.emulator.vllm.render import (
     _before_validators,
     _dump_tool,
     _named,
 )
 
 if TYPE_CHECKING:
-    from rollout_session.testing.generation import Sample
+    from rollout_session.emulator.model.generation import Sample
 
 __all__ = ["DERENDER_PATH", "Detokenizer", "SampledAnswers", "derender_chat"]
 

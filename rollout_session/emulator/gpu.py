@@ -54,7 +54,7 @@ from typing import Any, Literal, Protocol
 
 import trio
 
-from rollout_session.testing.prefix_cache import PrefixCache, SessionRef
+from rollout_session.emulator.prefix_cache import PrefixCache, SessionRef
 
 __all__ = ["GpuCosts", "GpuModel", "Progress"]
 

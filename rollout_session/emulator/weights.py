@@ -72,7 +72,7 @@ from typing import Any, Final, Literal
 
 import trio
 
-from rollout_session.testing.gpu import GpuModel, Progress
+from rollout_session.emulator.gpu import GpuModel, Progress
 
 __all__ = [
     "ABORTED",

@@ -31,12 +31,8 @@ import orjson
 import trio
 from transformers import AutoTokenizer
 
-from rollout_session.errors import InvalidRequest
-from rollout_session.prompt.messages import normalize_messages
-from rollout_session.prompt.tokenizer import generation_stop_ids
-from rollout_session.testing.continuation import GenerationPrompts
-from rollout_session.testing.emulator_config import EmulatorConfig
-from rollout_session.testing.faults import (
+from rollout_session.emulator.config import EmulatorConfig
+from rollout_session.emulator.faults import (
     EARLY_FAULTS,
     FAULT_HEADER,
     BadRequest,
@@ -49,7 +45,20 @@ from rollout_session.testing.faults import (
     vllm_early_fault_reply,
     vllm_fault_reply,
 )
-from rollout_session.testing.generate_params import (
+from rollout_session.emulator.gpu import GpuModel
+from rollout_session.emulator.model.continuation import GenerationPrompts
+from rollout_session.emulator.model.generation import (
+    Sample,
+    SampleSpec,
+    Speaker,
+    TextModel,
+    choose_tools,
+    derive_seed,
+)
+from rollout_session.emulator.model.logprobs import LogprobModel
+from rollout_session.emulator.prefix_cache import PrefixCache
+from rollout_session.emulator.sglang.answer import chat_response, routed_experts_blob
+from rollout_session.emulator.sglang.generate_params import (
     ToolConstraint,
     contract_error,
     fastapi_error,
@@ -58,21 +67,9 @@ from rollout_session.testing.generate_params import (
     structural_tag_constraint,
     tool_constraint,
 )
-from rollout_session.testing.generation import (
-    Sample,
-    SampleSpec,
-    Speaker,
-    TextModel,
-    choose_tools,
-    derive_seed,
-)
-from rollout_session.testing.gpu import GpuModel
-from rollout_session.testing.kv_sessions import SessionError, SessionTable, SessionTurn
-from rollout_session.testing.logprobs import LogprobModel
-from rollout_session.testing.parse_memo import ParseMemo
-from rollout_session.testing.prefix_cache import PrefixCache
-from rollout_session.testing.sglang_answer import chat_response, routed_experts_blob
-from rollout_session.testing.vllm_answer import (
+from rollout_session.emulator.sglang.parse_memo import ParseMemo
+from rollout_session.emulator.sglang.sessions import SessionError, SessionTable, SessionTurn
+from rollout_session.emulator.vllm.answer import (
     Outcome,
     aborted,
     derender_message,
@@ -82,29 +79,32 @@ from rollout_session.testing.vllm_answer import (
     mark_whole,
     routed_experts_npy,
 )
-from rollout_session.testing.vllm_derender import Detokenizer, SampledAnswers, derender_chat
-from rollout_session.testing.vllm_generate import (
+from rollout_session.emulator.vllm.derender import Detokenizer, SampledAnswers, derender_chat
+from rollout_session.emulator.vllm.generate import (
     GenerateRequest,
     VllmError,
     VllmServer,
     check_request,
     not_modelled,
 )
-from rollout_session.testing.vllm_generate import (
+from rollout_session.emulator.vllm.generate import (
     error_body as vllm_error_body,
 )
-from rollout_session.testing.vllm_render import (
+from rollout_session.emulator.vllm.render import (
     ChatTemplate,
     generation_sampling_defaults,
     render_chat,
 )
-from rollout_session.testing.weights import (
+from rollout_session.emulator.weights import (
     ABORTED,
     WAITING_ABORTED,
     Run,
     Span,
     Weights,
 )
+from rollout_session.errors import InvalidRequest
+from rollout_session.prompt.messages import normalize_messages
+from rollout_session.prompt.tokenizer import generation_stop_ids
 
 __all__ = ["ChatRecord", "Emulator", "EmulatorConfig"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from rollout_session.testing.generation import Sample
+    from rollout_session.emulator.model.generation import Sample
 
 __all__ = ["chat_response", "routed_experts", "routed_experts_blob"]
 

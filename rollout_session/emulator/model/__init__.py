@@ -1,0 +1,12 @@
+"""The emulator's language model: what it samples and how sure it is.
+
+Owns: one completion for a prompt (`generation`: the tool-call choice,
+deterministic words, the template's own rendering of the answer as ids),
+what the model reads from its prompt ids (`prompt_reader`), the
+log-probability function shared by sampling and scoring (`logprobs`), and
+where a prompt that continues the model's own answer splits
+(`continuation`). Engine-neutral: both the SGLang and the vLLM routes
+sample here, so the same ids and sampling parameters give the same
+completion on every route. May import the server's `prompt`, `errors` and
+`tokens`; nothing of the emulator's routes.
+"""
