@@ -33,7 +33,8 @@ import trio
 import trio_parallel
 from _common import proc_stats, table
 
-from rollout_session.engines.sglang_chat.answer import AnswerCheck, check_answer
+from rollout_session.engines.answer import AnswerCheck
+from rollout_session.engines.sglang_chat.answer import check_answer
 from rollout_session.turn.handoff import Handoff
 
 VOCAB = 129_280

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import orjson
 
+from rollout_session.engines.answer import AnswerCheck
 from rollout_session.engines.base import (
     AgentReply,
     CannotContinue,
@@ -40,7 +41,7 @@ from rollout_session.engines.base import (
     EngineSession,
     Refusal,
 )
-from rollout_session.engines.sglang_chat.answer import AnswerCheck, check_answer
+from rollout_session.engines.sglang_chat.answer import check_answer
 from rollout_session.prompt.messages import Message, assistant_message
 from rollout_session.prompt.model_output import answer_ids
 from rollout_session.tokens import IdArray, LogprobArray, VersionSpan

@@ -52,11 +52,8 @@ from _common import (
 )
 from _turns import Recorder, emulator_runner
 
-from rollout_session.engines.sglang_chat.answer import (
-    LOGPROB_EPSILON,
-    answer_decoder,
-    parse_worker_answer,
-)
+from rollout_session.engines.answer import LOGPROB_EPSILON
+from rollout_session.engines.sglang_chat.answer import answer_decoder, parse_worker_answer
 from rollout_session.engines.sglang_chat.engine import chat_body
 from rollout_session.export.document import export_document, serialize
 from rollout_session.prompt.tokenizer import load_tokenizer

@@ -5,7 +5,7 @@ session's exact token trajectory, pins its turns to one SGLang worker, and
 hands the trainer a training-ready document.
 
 The public names are imported on first use: validation worker processes
-import ``rollout_session.engines.sglang_chat.answer`` only, and must not pay for the web stack
+import an engine's ``answer`` module only, and must not pay for the web stack
 (Quart, transformers: ~0.9 s and ~100 MB per process).
 """
 

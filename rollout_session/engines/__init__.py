@@ -7,7 +7,7 @@ SGLang's parsers on the worker, with delta-sync; `vllm`: vLLM's
 ``/inference/v1/generate``, parsed by vLLM in the same call), how the pool
 speaks to each engine's workers (`dialect`) and how each scores a token
 sequence for a rescore (`scoring`), the reply parts the
-token-route engines share (`chat_reply`), the worker pool
+token-route engines share (`chat_reply`), what every answer check shares (`answer`), the worker pool
 (membership, admission, health, circuit breaker, sticky placement,
 failover: `pool`, `placement`), HTTP to a
 worker (`upstream`), worker URLs and the allow-list, the served model,

@@ -43,7 +43,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
 
 import msgspec
 import numpy as np
@@ -52,7 +51,7 @@ import orjson
 
 from ..errors import RescoreInterrupted, UpstreamMalformed
 from ..tokens import IdArray
-from .sglang_chat.answer import LOGPROB_EPSILON, decode_strictly
+from .answer import Logprob, decode_strictly
 
 __all__ = ["SGLANG_SCORING", "VLLM_SCORING", "Scores", "ScoringDialect"]
 
@@ -75,9 +74,6 @@ class ScoringDialect:
     body: Callable[[IdArray, str], bytes]
     # The 200 answer read strictly for the ids sent (`UpstreamMalformed`).
     read: Callable[[bytes, IdArray], Scores]
-
-
-Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_EPSILON)]
 
 
 _WHAT = "worker's scoring answer"

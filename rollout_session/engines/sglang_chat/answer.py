@@ -1,11 +1,10 @@
-"""Strict validation of a worker's 200 answer (docs/api.md#answer).
+"""Strict validation of SGLang's ``/v1/chat/completions`` 200 answer (docs/api.md#answer).
 
-A typed msgspec decoder reads only the fields we need and rejects, by itself,
-``NaN``/``Infinity`` constants, bool-as-int, bool-as-float, float or string
-token ids, out-of-range floats, positive logprobs (beyond a tiny epsilon) and
-ids outside ``0 ≤ id < vocab_size``. What msgspec cannot express (length
-agreement, prompt token count) is checked here after decoding. Anything that
-fails is `UpstreamMalformed`: nothing of that turn is committed.
+A typed decoder built from the engines' shared pieces (`engines.answer`)
+reads only the fields we need (SGLang 0.5.23's ``ChatCompletionResponse``
+with ``meta_info``); what msgspec cannot express (length agreement, prompt
+token count) is checked here after decoding. Anything that fails is
+`UpstreamMalformed`: nothing of that turn is committed.
 
 Decoding is CPU-bound and holds the GIL, so the server runs `check_answer`
 for large bodies in a worker process: everything here is picklable (the
@@ -14,36 +13,26 @@ arguments, `WorkerAnswer`, the error) and nothing touches session state.
 
 from __future__ import annotations
 
-import binascii
 import dataclasses
 import functools
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
-import pybase64
 
 from ...errors import UpstreamMalformed
 from ...tokens import IdArray, LogprobArray
-
-if TYPE_CHECKING:
-    from ..base import EngineRequest
+from ..answer import AnswerCheck, Logprob, decode_routed_experts, token_id
 
 __all__ = [
-    "AnswerCheck",
     "WorkerAnswer",
     "answer_decoder",
     "check_answer",
     "decode_cost",
-    "decode_routed_experts",
-    "decode_strictly",
     "parse_worker_answer",
 ]
-
-# Logprobs are ≤ 0; allow float noise from the sampler's log-softmax.
-LOGPROB_EPSILON = 1e-4
 
 
 class _Function(msgspec.Struct):
@@ -68,8 +57,7 @@ class _FinishReason(msgspec.Struct):
 
 def _structs(vocab_size: int) -> type[msgspec.Struct]:
     """Build the answer type for one vocabulary (the id bound is part of it)."""
-    Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_EPSILON)]
-    TokenId = Annotated[int, msgspec.Meta(ge=0, lt=vocab_size)]
+    TokenId = token_id(vocab_size)
 
     # array_like: an entry is [logprob, id, text?]; only the two fields we use
     # are decoded, trailing elements are skipped
@@ -116,19 +104,6 @@ def answer_decoder(vocab_size: int) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(_structs(vocab_size))
 
 
-def decode_strictly(
-    decoder: msgspec.json.Decoder[Any], body: bytes, what: str = "worker answer"
-) -> Any:
-    """`body` by a typed decoder, or `UpstreamMalformed` (kind ``schema``
-    or ``json``) naming `what` failed and why."""
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise UpstreamMalformed(f"{what} failed validation: {exc}", kind="schema") from None
-    except msgspec.DecodeError as exc:
-        raise UpstreamMalformed(f"{what} is not valid JSON: {exc}", kind="json") from None
-
-
 @dataclass(slots=True, frozen=True)
 class WorkerAnswer:
     """What a validated answer contributes to the trajectory and history."""
@@ -167,28 +142,6 @@ def decode_cost(body: bytes, *, experts: bool) -> int:
         return len(body)
     end = body.find(b'"', start + len(_EXPERTS_KEY))
     return len(body) - (end - start) if end > 0 else len(body)
-
-
-@dataclass(slots=True, frozen=True)
-class AnswerCheck:
-    """What a worker's answer to one turn is checked against."""
-
-    sent_prompt_tokens: int
-    vocab_size: int
-    # R3: routed experts are expected for new positions from this one on
-    # (None: not asked for), `experts_width` values per position as before.
-    experts_from: int | None = None
-    experts_width: int | None = None
-
-    @classmethod
-    def of(cls, request: EngineRequest) -> AnswerCheck:
-        """What an answer to `request` is checked against."""
-        return cls(
-            sent_prompt_tokens=len(request.input_ids),
-            vocab_size=request.vocab_size,
-            experts_from=request.experts_from,
-            experts_width=request.experts_width,
-        )
 
 
 _PATH = re.compile(r"at `\$([^`]*)`")
@@ -255,47 +208,6 @@ def parse_worker_answer(body: bytes, *, sent_prompt_tokens: int, vocab_size: int
         routed_experts=meta.routed_experts,
         weight_versions=meta.weight_versions,
     )
-
-
-def decode_routed_experts(
-    blob: str | None, *, positions: int, width: int | None
-) -> tuple[bytes, int] | None:
-    """Check a routed-experts delta covering `positions` new positions.
-
-    Returns (little-endian int32 bytes, values per position), or None for no
-    positions before any width is known. `width` is what earlier turns had.
-    An answer without the blob is refused: it was asked for, and a worker
-    that cannot send it (a dense model, or SGLang started without
-    ``--enable-return-routed-experts``) must not pass as one with no experts.
-    """
-    if blob is None:
-        if width is not None:
-            raise UpstreamMalformed("worker stopped sending routed_experts", kind="routed_experts")
-        raise UpstreamMalformed(
-            "worker answer has no routed_experts although --routed-experts asked for them "
-            "(a MoE model served by SGLang with --enable-return-routed-experts is needed)",
-            kind="routed_experts",
-        )
-    try:
-        # pybase64 (SIMD), not the standard library's
-        # (docs/performance.md#routed-experts-with-pybase64).
-        data = pybase64.b64decode(blob, validate=True)
-    except (binascii.Error, ValueError):
-        raise UpstreamMalformed("routed_experts is not base64", kind="routed_experts") from None
-    values, rest = divmod(len(data), 4)
-    if rest or (values == 0) != (positions == 0) or (positions and values % positions):
-        raise UpstreamMalformed(
-            f"routed_experts has {len(data)} bytes for {positions} positions",
-            kind="routed_experts",
-        )
-    if not positions:
-        return None if width is None else (b"", width)
-    if width is not None and values // positions != width:
-        raise UpstreamMalformed(
-            f"routed_experts width changed from {width} to {values // positions}",
-            kind="routed_experts",
-        )
-    return data, values // positions
 
 
 def check_answer(body: bytes, check: AnswerCheck) -> tuple[WorkerAnswer, tuple[bytes, int] | None]:

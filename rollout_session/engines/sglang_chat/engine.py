@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import orjson
 
 from ...errors import UpstreamMalformed
+from ..answer import AnswerCheck
 from ..base import (
     AgentReply,
     CannotContinue,
@@ -33,7 +34,7 @@ from ..base import (
 from ..pool import WorkerPool
 from ..served_model import ServedModel
 from ..stitch import version_spans
-from .answer import AnswerCheck, check_answer, decode_cost
+from .answer import check_answer, decode_cost
 
 __all__ = ["SGLangChatEngine", "chat_body"]
 

@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 import numpy as np
 
 from ...errors import UpstreamMalformed
 from ...tokens import IdArray, LogprobArray
-from ..sglang_chat.answer import (
-    LOGPROB_EPSILON,
-    AnswerCheck,
-    decode_routed_experts,
-    decode_strictly,
-)
+from ..answer import AnswerCheck, Logprob, decode_routed_experts, decode_strictly, token_id
 
 __all__ = ["GenerateAnswer", "check_generate_answer"]
 
@@ -36,8 +31,7 @@ class _Finish(msgspec.Struct):
 
 
 def _structs(vocab_size: int) -> type[msgspec.Struct]:
-    Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_EPSILON)]
-    TokenId = Annotated[int, msgspec.Meta(ge=0, lt=vocab_size)]
+    TokenId = token_id(vocab_size)
     Entry = msgspec.defstruct(
         "Entry",
         [("logprob", Logprob), ("token_id", TokenId), ("text", str | None, None)],
@@ -62,7 +56,7 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
     )
     return msgspec.defstruct(
         "GenerateAnswer",
-        [("text", str), ("output_ids", list[TokenId]), ("meta_info", Meta)],
+        [("text", str), ("output_ids", list[TokenId]), ("meta_info", Meta)],  # type: ignore[valid-type]
     )
 
 

@@ -26,6 +26,7 @@ import orjson
 
 from ...errors import UpstreamError, UpstreamMalformed
 from ...tokens import IdArray, LogprobArray, VersionSpan
+from ..answer import AnswerCheck
 from ..base import (
     AgentReply,
     CannotContinue,
@@ -37,7 +38,6 @@ from ..base import (
 )
 from ..pool import WorkerPool
 from ..served_model import ServedModel
-from ..sglang_chat.answer import AnswerCheck
 from ..stitch import reported_spans, stitch, to_continue, version_spans
 from ..upstream import UpstreamReply
 from .answer import GenerateAnswer, check_generate_answer

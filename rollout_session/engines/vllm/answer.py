@@ -27,7 +27,7 @@ import pybase64
 
 from ...errors import UpstreamMalformed
 from ...tokens import IdArray, LogprobArray
-from ..sglang_chat.answer import LOGPROB_EPSILON, AnswerCheck, decode_strictly
+from ..answer import AnswerCheck, Logprob, decode_strictly, token_id
 
 __all__ = [
     "Derendered",
@@ -78,8 +78,7 @@ class _Usage(msgspec.Struct):
 
 
 def _structs(vocab_size: int, mode: str) -> type[msgspec.Struct]:
-    Logprob = Annotated[float, msgspec.Meta(le=LOGPROB_EPSILON)]
-    TokenId = Annotated[int, msgspec.Meta(ge=0, lt=vocab_size)]
+    TokenId = token_id(vocab_size)
     # Derender/text entries carry the token's text; tokens entries its id.
     Entry = msgspec.defstruct(
         "Entry", [("logprob", Logprob), ("token", str | None, None)], gc=False
@@ -87,7 +86,7 @@ def _structs(vocab_size: int, mode: str) -> type[msgspec.Struct]:
     Logprobs = msgspec.defstruct("Logprobs", [("content", list[Entry])])  # type: ignore[valid-type]
     fields: list[Any] = [
         ("finish_reason", str),
-        ("token_ids", list[TokenId]),
+        ("token_ids", list[TokenId]),  # type: ignore[valid-type]
         ("logprobs", Logprobs),
         ("stop_reason", int | str | None, None),
         ("routed_experts", str | None, None),

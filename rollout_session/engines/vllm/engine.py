@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from ...errors import UpstreamError, UpstreamMalformed
+from ..answer import AnswerCheck
 from ..base import (
     AgentReply,
     CannotContinue,
@@ -39,7 +40,6 @@ from ..base import (
 )
 from ..pool import WorkerPool
 from ..served_model import ServedModel
-from ..sglang_chat.answer import AnswerCheck
 from ..stitch import Stitched, reported_spans, stitch, to_continue, version_spans
 from .answer import VllmAnswer, check_derendered, check_vllm_answer
 from .reply import chat_completion, error_reply

@@ -13,8 +13,8 @@ import numpy as np
 import orjson
 import pytest
 
+from rollout_session.engines.answer import AnswerCheck
 from rollout_session.engines.sglang_chat.answer import (
-    AnswerCheck,
     check_answer,
     decode_cost,
     parse_worker_answer,

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 import pytest
 
-from rollout_session.engines.sglang_chat.answer import LOGPROB_EPSILON, AnswerCheck
+from rollout_session.engines.answer import LOGPROB_EPSILON, AnswerCheck
 from rollout_session.engines.sglang_generate.answer import GenerateAnswer, check_generate_answer
 from rollout_session.errors import UpstreamMalformed
 

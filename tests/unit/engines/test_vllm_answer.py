@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
-from rollout_session.engines.sglang_chat.answer import AnswerCheck
+from rollout_session.engines.answer import AnswerCheck
 from rollout_session.engines.vllm.answer import check_vllm_answer, check_vllm_probe
 from rollout_session.errors import UpstreamMalformed
 

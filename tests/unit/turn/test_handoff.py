@@ -21,7 +21,8 @@ import pytest
 import trio
 import trio_parallel
 
-from rollout_session.engines.sglang_chat.answer import AnswerCheck, check_answer
+from rollout_session.engines.answer import AnswerCheck
+from rollout_session.engines.sglang_chat.answer import check_answer
 from rollout_session.turn.handoff import PREFIX, STALE_AFTER_S, Handoff, call_with_file, sweep
 
 
