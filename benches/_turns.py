@@ -23,7 +23,7 @@ on ``sys.path``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import ClassVar
@@ -36,6 +36,7 @@ from rollout_session import Settings
 from rollout_session.engines.base import (
     Completion,
     Engine,
+    EngineCounter,
     EngineRequest,
     EngineSession,
     Refusal,
@@ -84,6 +85,13 @@ def _offload(settings: Settings) -> Offload:
     return Offload(threshold_bytes=settings.offload_threshold_bytes, threads=settings.cpu_threads)
 
 
+def _validator(settings: Settings, offload: Offload) -> AnswerValidator:
+    """Checks on the loop or a thread: no validation process runs here."""
+    return AnswerValidator(
+        offload, processes=0, process_threshold_bytes=settings.process_threshold_bytes
+    )
+
+
 def replay_runner(
     source: ReplaySource, tokenizer: ChatTokenizer, settings: Settings | None = None
 ) -> TurnRunner:
@@ -92,9 +100,11 @@ def replay_runner(
     settings = settings or Settings(workers=(REPLAY_WORKER,))
     engine = ReplayEngine(source)
     store = SessionStore(SessionRegistry(max_sessions=settings.max_sessions), engine)
+    offload = _offload(settings)
     # An empty pool: the model's name is unknown, its context the setting.
-    model = ServedModel(WorkerPool(settings.pool_options()), settings.context_length)
-    return turn_runner(settings, store, engine, tokenizer, model, _offload(settings))
+    pool = WorkerPool(settings.pool_options(), _validator(settings, offload))
+    model = ServedModel(pool, settings.context_length)
+    return turn_runner(settings, store, engine, tokenizer, model, offload)
 
 
 @dataclass
@@ -115,8 +125,17 @@ class Recorder:
         self.result = await self.engine.complete(session, request)
         return self.result
 
+    async def prepare(self, model_dir: str) -> None:
+        await self.engine.prepare(model_dir)
+
+    def counters(self) -> Iterable[EngineCounter]:
+        return self.engine.counters()
+
     def adopt(self, session: EngineSession) -> None:
         self.engine.adopt(session)
+
+    async def close_worker_sessions(self, sessions: Iterable[EngineSession]) -> None:
+        await self.engine.close_worker_sessions(sessions)
 
     def release(self, session: EngineSession) -> None:
         self.engine.release(session)
@@ -137,18 +156,11 @@ async def emulator_runner(
     (``runner.engine``). Returns once the pool admitted the worker."""
     settings = settings or Settings(workers=(url,))
     settings = dataclasses.replace(settings, workers=(url,), parse_processes=0)
-    pool = WorkerPool(settings.pool_options())
-    pool.add(url)
     offload = _offload(settings)
-    validator = AnswerValidator(
-        offload,
-        processes=settings.parse_processes,
-        process_threshold_bytes=settings.process_threshold_bytes,
-    )
+    pool = WorkerPool(settings.pool_options(), _validator(settings, offload))
+    pool.add(url)
     model = ServedModel(pool, settings.context_length, settings.upstream_model)
-    engine = Recorder(
-        SGLangChatEngine(pool, validator, model, session_hints=settings.sends_session_hints)
-    )
+    engine = Recorder(SGLangChatEngine(pool, model, session_hints=settings.sends_session_hints))
     store = SessionStore(SessionRegistry(max_sessions=settings.max_sessions), engine)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)

@@ -37,6 +37,7 @@ from rollout_session.engines.base import (
     AgentReply,
     CannotContinue,
     Completion,
+    EngineCounter,
     EngineRequest,
     EngineSession,
     Refusal,
@@ -168,6 +169,12 @@ class ReplayEngine:
         return replay.completion(
             len(request.input_ids), worker=self.worker, latency_s=self.latency_s
         )
+
+    async def prepare(self, model_dir: str) -> None:
+        """Nothing to read: it replays."""
+
+    def counters(self) -> Iterable[EngineCounter]:
+        return ()
 
     def adopt(self, session: EngineSession) -> None:
         """A restored session keeps its pin; nothing else is held."""

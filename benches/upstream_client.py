@@ -23,7 +23,7 @@ import httpcore
 import httpx
 import trio
 
-from rollout_session.engines.upstream import WorkerClient
+from rollout_session.engines.pool.client import WorkerClient
 
 PAYLOAD = b'{"m":"' + b"b" * 9000 + b'"}'
 ANSWER = b'{"x":"' + b"a" * 12000 + b'"}'

@@ -6,6 +6,7 @@ tests and embedders build it directly. Nothing else reads the environment.
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,21 +14,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .engines.dialect import SGLANG_WORKERS
-from .engines.kv_sessions import (
-    DELTA_NEEDS_GENERATE,
-    KV_MODES,
-    PRIORITY_RANGE,
-    STREAM_REFUSED,
-    KvMode,
-    is_priority,
-)
-from .engines.placement import PLACEMENTS
+from .engines.kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, KvMode, is_priority
 from .engines.pool import PoolOptions
+from .engines.pool.placement import PLACEMENTS
+from .engines.registry import DEFAULT_ENGINE, engine_spec, refuse_unserved
 from .engines.served_model import UPSTREAM_MODEL_AGENT, UPSTREAM_MODEL_SERVED
-from .engines.sglang_generate.parsers import Parsers
-from .engines.vllm.parsers import VllmParsers
-from .engines.vllm.worker import VLLM_WORKERS
 from .engines.worker_urls import WorkerHosts, worker_url
 from .prompt.messages import KNOWN_ROLES
 from .session.segments import OnDivergence, PromptMode
@@ -40,7 +31,6 @@ __all__ = ["Settings"]
 ON_DIVERGENCE = tuple(p.value for p in OnDivergence)
 ON_ABORT = tuple(p.value for p in OnAbort)
 PROMPT_MODES = tuple(m.value for m in PromptMode)
-ENGINES = ("sglang-chat", "sglang-generate", "vllm")
 # --max-answer-mb's default: far above any chat answer without routed
 # experts; with them an answer carries ~5 bytes per layer and expert slot for
 # each new position (docs/reliability.md#worker-answers).
@@ -52,7 +42,7 @@ _MAX_ANSWER_MB_EXPERTS = 1024.0
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
-    # SGLang base URLs, e.g. "http://10.0.0.5:30000" (no trailing /v1).
+    # Worker base URLs, e.g. "http://10.0.0.5:30000" (no trailing /v1).
     workers: tuple[str, ...] = ()
     # Workers that only score (rescore target "teacher"): a pool of their
     # own, health-checked like the rest, never given a rollout turn.
@@ -125,21 +115,21 @@ class Settings:
     circuit_failures: int = 5
     circuit_successes: int = 2
     circuit_open_s: float = 30.0
-    # The inference engine behind the seam (docs/engines.md): sglang-chat
-    # (SGLang's chat route parses and samples), sglang-generate (SGLang's
-    # /generate, the chat route's translation reproduced here) or vllm
-    # (vLLM's /inference/v1/generate, its chat route's translation reproduced).
-    engine: str = "sglang-chat"
-    # sglang-generate and vllm: the workers' --tool-call-parser /
-    # --reasoning-parser (the engine's own names): what the translation
-    # must reproduce of them, and which parsers parse on the worker.
+    # The inference engine behind the seam: a name in engines.registry
+    # (docs/engines.md).
+    engine: str = DEFAULT_ENGINE
+    # Engine flags: each engine declares those it takes (its spec's `flags`);
+    # another engine's must stay at their defaults. The workers'
+    # --tool-call-parser / --reasoning-parser (the engine's own names): what
+    # a token-route translation must reproduce of them, and which parsers
+    # parse on the worker.
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     # Worker-side KV sessions (kv_sessions.KvMode, docs/kv-sessions.md): off,
     # hint (the session id on each turn, /close_session when it ends), or
-    # delta (sglang-generate: each turn sends only the ids the worker lacks).
+    # delta (each turn sends only the ids the worker lacks).
     kv_sessions: str = "off"
-    # SGLang `priority` for sessions created without one; None = not sent.
+    # The workers' scheduling `priority` for sessions created without one; None = not sent.
     default_priority: int | None = None
     # R3: ask workers for routed experts of new positions; store and export them.
     routed_experts: bool = False
@@ -268,30 +258,12 @@ class Settings:
             raise ValueError("max_continuations must be >= 0")
         if self.on_divergence not in ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {', '.join(ON_DIVERGENCE)}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
-        if self.engine == "sglang-generate":
-            Parsers(self.tool_call_parser, self.reasoning_parser)  # ValueError: not reproduced
-        elif self.engine == "vllm":
-            VllmParsers(self.tool_call_parser, self.reasoning_parser)  # ValueError: not reproduced
-        elif self.tool_call_parser or self.reasoning_parser:
-            raise ValueError(
-                "tool_call_parser and reasoning_parser are for --engine sglang-generate and "
-                "vllm; with sglang-chat the workers parse with their own "
-                "--tool-call-parser/--reasoning-parser"
-            )
         if self.kv_sessions == "stream":
             raise ValueError(STREAM_REFUSED)
         if self.kv_sessions not in KV_MODES:
             raise ValueError(f"kv_sessions must be one of {', '.join(KV_MODES)}")
-        if self.kv_sessions == KvMode.DELTA.value and self.engine != "sglang-generate":
-            raise ValueError(DELTA_NEEDS_GENERATE)
-        if self.engine == "vllm" and self.kv_sessions != KvMode.OFF.value:
-            raise ValueError(
-                "kv_sessions is SGLang's (session ids in its radix cache, its sessions); "
-                "--engine vllm keeps a session on one worker by placement and sends "
-                "X-Session-ID for a router (docs/engines.md#what-each-engine-supports)"
-            )
+        # The engine's own checks, then its flags: ValueError names the fix.
+        refuse_unserved(self, lambda name: _FIELDS[name].default)
         if self.default_priority is not None and not is_priority(self.default_priority):
             raise ValueError(PRIORITY_RANGE)
         if self.prompt_mode not in PROMPT_MODES:
@@ -324,16 +296,6 @@ class Settings:
     def max_answer_bytes(self) -> int:
         default = _MAX_ANSWER_MB_EXPERTS if self.routed_experts else _MAX_ANSWER_MB
         return int((self.max_answer_mb or default) * 1024 * 1024)
-
-    @property
-    def parsers(self) -> Parsers:
-        """The sglang-generate engine's parsers (validated on construction)."""
-        return Parsers(self.tool_call_parser, self.reasoning_parser)
-
-    @property
-    def vllm_parsers(self) -> VllmParsers:
-        """The vllm engine's workers' parsers (validated on construction)."""
-        return VllmParsers(self.tool_call_parser, self.reasoning_parser)
 
     @property
     def sends_session_hints(self) -> bool:
@@ -387,7 +349,7 @@ class Settings:
             max_answer_bytes=self.max_answer_bytes,
             sends_session_hints=self.sends_session_hints and not teachers,
             fixed_upstream_model=None if teachers else self.fixed_upstream_model,
-            dialect=VLLM_WORKERS if self.engine == "vllm" else SGLANG_WORKERS,
+            dialect=engine_spec(self.engine).dialect,
             label="teacher workers: " if teachers else "",
         )
 
@@ -425,6 +387,9 @@ class Settings:
     @property
     def process_threshold_bytes(self) -> int:
         return self.process_threshold_kb * 1024
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
 def _check_fleet(settings: Settings) -> None:

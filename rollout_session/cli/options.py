@@ -18,6 +18,7 @@ import orjson
 
 from ..config import Settings
 from ..engines.kv_sessions import KvMode
+from ..engines.registry import ENGINES, engine_flags
 
 __all__ = [
     "ENV_PREFIX",
@@ -52,8 +53,10 @@ def _bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
 
 
+Option = tuple[str, str, Callable[[str], Any], str]
+
 # (flag, Settings field, type, help). The default always comes from Settings.
-SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
+_SERVER_OPTIONS: tuple[Option, ...] = (
     ("--host", "host", str, "bind address"),
     ("--port", "port", int, "bind port (0 = any free port)"),
     ("--tokenizer", "tokenizer", str, "HF tokenizer dir (default: ask the first worker)"),
@@ -104,34 +107,6 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
         "allowed worker hosts: names, IPs, CIDR networks, each with an optional :port",
     ),
     ("--max-connections", "max_connections", int, "open client connections; more wait"),
-    (
-        "--engine",
-        "engine",
-        str,
-        "sglang-chat (SGLang's chat route), sglang-generate (its /generate, the chat "
-        "route's translation reproduced) or vllm (vLLM's /inference/v1/generate; "
-        "docs/engines.md)",
-    ),
-    (
-        "--tool-call-parser",
-        "tool_call_parser",
-        str,
-        "sglang-generate, vllm: the workers' --tool-call-parser (the engine's name)",
-    ),
-    (
-        "--reasoning-parser",
-        "reasoning_parser",
-        str,
-        "sglang-generate, vllm: the workers' --reasoning-parser (the engine's name)",
-    ),
-    (
-        "--kv-sessions",
-        "kv_sessions",
-        str,
-        "worker-side KV sessions: off, hint (session id each turn, /close_session at "
-        "the end; workers need --enable-session-radix-cache), or delta (sglang-generate: "
-        "each turn sends only new ids over SGLang sessions; docs/kv-sessions.md)",
-    ),
     ("--default-priority", "default_priority", int, "SGLang priority of sessions without one"),
     ("--placement", "placement", str, "sticky-least-loaded, consistent-hash, round-robin"),
     ("--health-interval-s", "health_interval_s", float, "seconds between worker probes"),
@@ -178,6 +153,20 @@ SERVE_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--shard", "shard", int, "this server's index in --fleet"),
     ("--log-level", "log_level", str, "debug, info, warning, error"),
 )
+
+
+def _engine_options() -> tuple[Option, ...]:
+    """--engine and the engine flags, as the engine packages declare them."""
+    engines = "; ".join(f"{spec.name}: {spec.summary}" for spec in ENGINES.values())
+    return (
+        ("--engine", "engine", str, f"the inference engine (docs/engines.md). {engines}"),
+        *((flag.flag, field, str, help) for field, (flag, help) in engine_flags().items()),
+    )
+
+
+# Every `serve` flag that mirrors a Settings field: the server's own, then
+# the engines' (from the registry).
+SERVE_OPTIONS: tuple[Option, ...] = _SERVER_OPTIONS + _engine_options()
 
 
 def _env_default(

@@ -39,6 +39,7 @@ __all__ = [
     "CannotContinue",
     "Completion",
     "Engine",
+    "EngineCounter",
     "EngineRequest",
     "EngineSession",
     "Partial",
@@ -192,11 +193,29 @@ class Validation(Protocol):
     ) -> R: ...
 
 
+@dataclass(frozen=True, slots=True)
+class EngineCounter:
+    """A count an engine keeps of its own work, for ``/metrics``."""
+
+    name: str  # the metric's name (a counter: ``_total`` is added)
+    help: str
+    labels: tuple[str, ...]  # () for one unlabelled count
+    # A count per tuple of label values (``{(): n}`` without labels).
+    values: Mapping[tuple[str, ...], int]
+
+
 class Engine(Protocol):
     """One inference engine behind the seam (docs/architecture.md#the-engine-seam)."""
 
     # Whether `complete` may take `EngineRequest.partial` (else always CannotContinue).
     can_continue: ClassVar[bool]
+
+    async def prepare(self, model_dir: str) -> None:
+        """Start-up, once the tokenizer is loaded: read what the engine needs
+        of the model's files in `model_dir` (the tokenizer's directory)."""
+
+    def counters(self) -> Iterable[EngineCounter]:
+        """Its counters, read at each scrape of ``/metrics``."""
 
     async def complete(
         self, session: EngineSession, request: EngineRequest

@@ -53,9 +53,17 @@ from ..errors import RescoreInterrupted, UpstreamMalformed
 from ..tokens import IdArray
 from .answer import Logprob, decode_strictly
 
-__all__ = ["SGLANG_SCORING", "VLLM_SCORING", "Scores", "ScoringDialect"]
+__all__ = [
+    "SGLANG_SCORING",
+    "VLLM_SCORING",
+    "ScoreCheck",
+    "Scores",
+    "ScoringDialect",
+    "check_scores",
+]
 
 ScoreArray = npt.NDArray[np.float32]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,3 +246,28 @@ def _read_vllm(body: bytes, ids: IdArray) -> Scores:
 
 
 VLLM_SCORING = ScoringDialect("/inference/v1/generate", _vllm_body, _read_vllm)
+
+
+# -- the check a rescore's request is sent with ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreCheck:
+    """What a scoring answer is checked against: the dialect's reader, the
+    ids sent, and the positions that must have a logprob."""
+
+    read: Callable[[bytes, IdArray], Scores]
+    ids: IdArray
+    keep: BoolArray
+
+
+def check_scores(body: bytes, check: ScoreCheck) -> Scores:
+    """The dialect's strict read, and a logprob at every kept position
+    (`UpstreamMalformed` otherwise; `RescoreInterrupted` for an abort)."""
+    scores = check.read(body, check.ids)
+    missing = np.flatnonzero(check.keep & np.isnan(scores.logprobs))
+    if len(missing):
+        raise _malformed(
+            f"gave no logprob for position {int(missing[0])} of {len(check.ids)}", "missing"
+        )
+    return scores

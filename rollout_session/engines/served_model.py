@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .pool import WorkerPool
-from .upstream import ModelInfo
+from .pool import ModelInfo, WorkerPool
 
 __all__ = ["ServedModel"]
 

@@ -20,16 +20,10 @@ from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
 
 from ..config import Settings
-from ..engines.base import Engine
-from ..engines.kv_sessions import KvMode
 from ..engines.pool import WorkerPool
+from ..engines.registry import engine_spec
 from ..engines.served_model import ServedModel
-from ..engines.sglang_chat.engine import SGLangChatEngine
-from ..engines.sglang_generate import SGLangGenerateEngine
-from ..engines.sglang_generate.delta import RemoteSessions
-from ..engines.sglang_generate.request import GenerateOptions, model_options
-from ..engines.vllm import VllmEngine, VllmOptions
-from ..engines.vllm import model_options as vllm_model_options
+from ..engines.spec import EngineParts
 from ..errors import NoHealthyWorker, UpstreamError
 from ..prompt.check import Outcome, check_template, in_place_roles, reachable, startup_refusal
 from ..prompt.tokenizer import ChatTokenizer, load_tokenizer
@@ -94,43 +88,25 @@ def create_app(
     )
     if worker_tls is None:
         worker_tls = settings.worker_tls()
-    pool = WorkerPool(settings.pool_options(), tls=worker_tls)
-    for url in settings.workers:
-        pool.add(url)
-    teachers = None
-    if settings.teacher_workers:
-        teachers = WorkerPool(settings.pool_options(teachers=True), tls=worker_tls)
-        for url in settings.teacher_workers:
-            teachers.add(url)
     offload = Offload(
         threshold_bytes=settings.offload_threshold_bytes, threads=settings.cpu_threads
     )
+    # Where every worker answer's strict check runs (loop, thread, process).
     validator = AnswerValidator(
         offload,
         processes=settings.parse_processes,
         process_threshold_bytes=settings.process_threshold_bytes,
     )
+    pool = WorkerPool(settings.pool_options(), validator, tls=worker_tls)
+    for url in settings.workers:
+        pool.add(url)
+    teachers = None
+    if settings.teacher_workers:
+        teachers = WorkerPool(settings.pool_options(teachers=True), validator, tls=worker_tls)
+        for url in settings.teacher_workers:
+            teachers.add(url)
     model = ServedModel(pool, settings.context_length, settings.upstream_model)
-    # --kv-sessions delta: the worker sessions of the sglang-generate engine.
-    remote = RemoteSessions() if settings.kv_sessions == KvMode.DELTA.value else None
-    engine: Engine
-    if settings.engine == "sglang-generate":
-        engine = SGLangGenerateEngine(
-            pool,
-            validator,
-            model,
-            GenerateOptions(settings.parsers),
-            session_hints=settings.sends_session_hints,
-            delta=remote,
-            # A worker reaps an idle session after this; a later turn rebuilds it.
-            remote_timeout_s=settings.session_ttl_s,
-        )
-    elif settings.engine == "vllm":
-        engine = VllmEngine(pool, validator, model, VllmOptions(settings.vllm_parsers))
-    else:
-        engine = SGLangChatEngine(
-            pool, validator, model, session_hints=settings.sends_session_hints
-        )
+    engine = engine_spec(settings.engine).build(settings, EngineParts(pool, model))
     store = SessionStore(SessionRegistry(max_sessions=settings.max_sessions), engine)
     ctx = ServerContext(
         settings=settings,
@@ -142,7 +118,7 @@ def create_app(
         pause=PauseGate(
             settings.pause_wait_s, interrupt=pool.interrupt, resume_sending=pool.resume_sending
         ),
-        metrics=Metrics(store, pool, remote),
+        metrics=Metrics(store, pool, engine),
         model=model,
         expiry=Expiry(
             store,
@@ -151,9 +127,7 @@ def create_app(
             keep_collected_s=settings.keep_collected_s,
         ),
         tokenizer=tokenizer,
-        rescorer=Rescorer(
-            store.registry, pool, teachers, offload, max_resends=settings.max_continuations
-        ),
+        rescorer=Rescorer(store.registry, pool, teachers, max_resends=settings.max_continuations),
         teachers=teachers,
     )
     app.extensions[_EXTENSION] = ctx
@@ -169,15 +143,7 @@ def create_app(
         await app.nursery.start(ctx.validator.run)
         app.nursery.start_soon(ctx.expiry.forever)
         tokenizer = await _load_model(ctx)
-        if isinstance(ctx.engine, SGLangGenerateEngine):
-            # The chat route's generation_config defaults, from the model's files.
-            ctx.engine.options = await trio.to_thread.run_sync(
-                model_options, settings.parsers, tokenizer.name_or_path
-            )
-        elif isinstance(ctx.engine, VllmEngine):
-            ctx.engine.options = await trio.to_thread.run_sync(
-                vllm_model_options, settings.vllm_parsers, tokenizer.name_or_path
-            )
+        await ctx.engine.prepare(tokenizer.name_or_path)
         in_place_roles = await _check_template(tokenizer, settings)
         ctx.turns = TurnRunner(
             store=ctx.store,

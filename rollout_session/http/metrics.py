@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..engines.base import Engine
 from ..engines.pool import Circuit, WorkerPool
-from ..engines.sglang_generate.delta import RemoteSessions
 from ..session.session import SessionState
 from ..session.store import SessionStore
 from ..turn.metrics import TurnMetrics
@@ -27,10 +27,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class _StateCollector(Collector):
-    def __init__(
-        self, store: SessionStore, pool: WorkerPool, remote: RemoteSessions | None
-    ) -> None:
-        self._store, self._pool, self._remote = store, pool, remote
+    def __init__(self, store: SessionStore, pool: WorkerPool, engine: Engine | None) -> None:
+        self._store, self._pool, self._engine = store, pool, engine
 
     def collect(self) -> Iterator[Metric]:
         store, pool = self._store, self._pool
@@ -77,22 +75,11 @@ class _StateCollector(Collector):
         for call, count in sorted(pool.control_failures.items()):
             control.add_metric([call], count)
         yield control
-        remote = self._remote
-        if remote is not None:
-            primed = CounterMetricFamily(
-                "rollout_kv_session_primes",
-                "--kv-sessions delta: worker sessions primed with the whole prompt, by cause "
-                "(first, moved, branched, lost, dropped)",
-                labels=["cause"],
-            )
-            for cause, count in sorted(remote.rebuilds.items()):
-                primed.add_metric([cause], count)
-            yield primed
-            yield CounterMetricFamily(
-                "rollout_kv_delta_turns",
-                "--kv-sessions delta: turns that sent only the ids the worker did not hold",
-                remote.delta_turns,
-            )
+        for counter in self._engine.counters() if self._engine is not None else ():
+            family = CounterMetricFamily(counter.name, counter.help, labels=list(counter.labels))
+            for values, count in counter.values.items():
+                family.add_metric(list(values), count)
+            yield family
         journal = store.journal
         if journal is not None:
             yield GaugeMetricFamily(
@@ -125,14 +112,12 @@ class _StateCollector(Collector):
 
 class Metrics(TurnMetrics):
     """The app's registry: the turns' counters, and the state gauges read at
-    scrape time from the store, the pool and delta-sync's worker sessions."""
+    scrape time from the store, the pool and the engine's own counters."""
 
-    def __init__(
-        self, store: SessionStore, pool: WorkerPool, remote: RemoteSessions | None = None
-    ) -> None:
+    def __init__(self, store: SessionStore, pool: WorkerPool, engine: Engine | None = None) -> None:
         self.registry = CollectorRegistry()
         super().__init__(self.registry)
-        self.registry.register(_StateCollector(store, pool, remote))
+        self.registry.register(_StateCollector(store, pool, engine))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

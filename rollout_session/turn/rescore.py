@@ -31,21 +31,15 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 import numpy as np
+import numpy.typing as npt
 
-from ..engines.pool import WorkerPool
-from ..engines.scoring import Scores
-from ..errors import (
-    InvalidRequest,
-    RescoreInterrupted,
-    SessionBusy,
-    UpstreamError,
-    UpstreamMalformed,
-)
+from ..engines.pool import Check, WorkerPool, WorkerRequest
+from ..engines.scoring import ScoreCheck, Scores, check_scores
+from ..errors import InvalidRequest, RescoreInterrupted, SessionBusy, UpstreamError
 from ..session.rescores import Positions, Rescore
 from ..session.session import Session, SessionRegistry
 from ..session.trajectory import Trajectory
 from ..tokens import IdArray
-from .offload import Offload
 
 __all__ = ["RescoreRequest", "Rescorer", "parse_rescore"]
 
@@ -98,7 +92,6 @@ class Rescorer:
         registry: SessionRegistry,
         pool: WorkerPool,
         teachers: WorkerPool | None,
-        offload: Offload,
         clock: Callable[[], float] = time.time,
         *,
         max_resends: int = 8,
@@ -108,7 +101,6 @@ class Rescorer:
         self._max_resends = max_resends
         self._pool = pool
         self._teachers = teachers
-        self._offload = offload
         self._clock = clock
 
     def _route(self, session: Session, target: str) -> tuple[WorkerPool, str]:
@@ -156,16 +148,10 @@ class Rescorer:
             # Both before the request: a turn may commit while it is out.
             ids = trajectory.tokens.ids
             keep = trajectory.tokens.mask.astype(bool)
-            scores = await self._score(pool, url, session.id, ids, model)
             if request.positions == "all":
                 keep[:] = True
                 keep[:1] = False  # nothing precedes the first token
-            missing = np.flatnonzero(keep & np.isnan(scores.logprobs))
-            if len(missing):
-                reason = f"gave no logprob for position {int(missing[0])} of {len(ids)}"
-                pool.report_failure(url, reason)
-                raise UpstreamMalformed(f"worker's scoring answer {reason}", kind="missing")
-            pool.report_success(url)
+            scores = await self._score(pool, url, session, ids, keep, model)
             logprobs = np.where(keep, scores.logprobs, np.float32(np.nan)).astype(np.float32)
             rescore = Rescore(
                 logprobs=logprobs,
@@ -191,21 +177,28 @@ class Rescorer:
         return session
 
     async def _score(
-        self, pool: WorkerPool, url: str, key: str, ids: IdArray, model: str | None
+        self,
+        pool: WorkerPool,
+        url: str,
+        session: Session,
+        ids: IdArray,
+        keep: npt.NDArray[np.bool_],
+        model: str | None,
     ) -> Scores:
+        """The worker's logprobs of `ids`, one at every `keep` position
+        (checked like a turn's answer: a failure counts against the worker)."""
         scoring = pool.dialect.scoring
-        body = scoring.body(ids, model or "")
+        request = WorkerRequest(
+            path=scoring.path,
+            body=scoring.body(ids, model or ""),
+            worker=url,
+            # ~30 bytes of JSON per position: decoded off the loop when large.
+            check=Check(check_scores, ScoreCheck(scoring.read, ids, keep)),
+        )
         resends = 0
         while True:
-            reply = await pool.score(url, key, body)
-            if reply.status != 200:
-                raise UpstreamError(
-                    f"worker {url} answered the scoring request with {reply.status}: "
-                    f"{reply.body[:300].decode('utf-8', 'replace')}"
-                )
             try:
-                # ~30 bytes of JSON per position: decoded off the loop when large.
-                return await self._offload.run(len(reply.body), scoring.read, reply.body, ids)
+                sent = await pool.send(session, request)
             except RescoreInterrupted as exc:
                 # Not counted against the worker: engines abort what runs on a
                 # weight update, and the same request scores once sent again.
@@ -215,7 +208,14 @@ class Rescorer:
                         f"{self._max_resends}): nothing was stored; rescore it again"
                     ) from None
                 resends += 1
-                logger.info("worker %s: %s (session %s); sending it again", url, exc.message, key)
-            except UpstreamMalformed as exc:
-                pool.report_failure(url, str(exc))
-                raise
+                logger.info(
+                    "worker %s: %s (session %s); sending it again", url, exc.message, session.id
+                )
+                continue
+            reply = sent.reply
+            if reply.status != 200:
+                raise UpstreamError(
+                    f"worker {url} answered the scoring request with {reply.status}: "
+                    f"{reply.body[:300].decode('utf-8', 'replace')}"
+                )
+            return sent.checked

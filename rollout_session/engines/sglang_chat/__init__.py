@@ -1,7 +1,10 @@
 """SGLang's ``/v1/chat/completions`` with ``input_ids``: the `sglang-chat` engine.
 
-`engine.SGLangChatEngine` builds the worker's request from the agent's and
-the exact prompt ids, sends it through the pool, and validates the answer
-with `answer.check_answer` (strict, pure, picklable: validation processes
-import `answer` alone, so this package's ``__init__`` imports nothing).
+Owns: the worker's request and the engine (`engine`), the strict check of
+the chat route's answer (`answer`: pure, picklable), its route's probe
+(`workers`) and what the registry knows of it (`spec`). May import what the
+engines wing shares (`base`, `answer`, `stitch`, `sglang_workers`,
+`kv_sessions`, `pool`, `spec`, `served_model`), `errors` and `tokens`;
+never another engine package. This ``__init__`` imports nothing:
+validation processes import `answer` alone.
 """

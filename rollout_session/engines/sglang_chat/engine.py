@@ -20,21 +20,21 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ...errors import UpstreamMalformed
 from ..answer import AnswerCheck
 from ..base import (
     AgentReply,
     CannotContinue,
     Completion,
+    EngineCounter,
     EngineRequest,
     EngineSession,
     Refusal,
-    Validation,
 )
-from ..pool import WorkerPool
+from ..pool import Check, WorkerPool, WorkerRequest
 from ..served_model import ServedModel
 from ..stitch import version_spans
 from .answer import check_answer, decode_cost
+from .workers import CHAT_PATH
 
 __all__ = ["SGLangChatEngine", "chat_body"]
 
@@ -88,8 +88,7 @@ def chat_body(
 
 @dataclass(frozen=True, slots=True)
 class SGLangChatEngine:
-    pool: WorkerPool  # the session's sticky worker, failover, circuit breaker
-    validation: Validation  # where `check_answer` runs
+    pool: WorkerPool  # the session's sticky worker, failover, checks, circuit breaker
     model: ServedModel  # the name turns are sent with
     session_hints: bool = False  # --kv-sessions hint: the session id on every turn
 
@@ -110,23 +109,27 @@ class SGLangChatEngine:
             session_hint=session.id if self.session_hints else None,
             rid=rid,
         )
-        reply = await self.pool.chat(session, payload, request_id=rid)
+        experts = request.experts_from is not None
+        sent = await self.pool.send(
+            session,
+            WorkerRequest(
+                path=CHAT_PATH,
+                body=payload,
+                request_id=rid,
+                check=Check(
+                    check_answer,
+                    AnswerCheck.of(request),
+                    cost=lambda body: decode_cost(body, experts=experts),
+                ),
+            ),
+        )
+        reply = sent.reply
         agent_reply = AgentReply(reply.status, reply.headers, reply.body)
         if reply.status != 200:
             # The worker's own error (e.g. SGLang's 400 for a long prompt) is
             # the agent's answer; nothing is committed.
             return Refusal(agent_reply, reply.worker)
-        experts = request.experts_from is not None
-        check = AnswerCheck.of(request)
-        try:
-            answer, routed = await self.validation.validate(
-                check_answer, reply.body, check, decode_cost(reply.body, experts=experts)
-            )
-        except UpstreamMalformed as exc:
-            # The worker's circuit breaker counts answers that fail validation.
-            self.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
-            raise
-        self.pool.report_success(reply.worker)
+        answer, routed = sent.checked
         return Completion(
             ids=answer.ids,
             logprobs=answer.logprobs,
@@ -144,6 +147,12 @@ class SGLangChatEngine:
             latency_s=reply.latency_s,
             reply=agent_reply,
         )
+
+    async def prepare(self, model_dir: str) -> None:
+        """Nothing to read: the worker's chat route applies the model's defaults."""
+
+    def counters(self) -> Iterable[EngineCounter]:
+        return ()
 
     def adopt(self, session: EngineSession) -> None:
         self.pool.adopt(session)

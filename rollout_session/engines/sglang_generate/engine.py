@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import orjson
+import trio
 
 from ...errors import UpstreamError, UpstreamMalformed
 from ...tokens import IdArray, LogprobArray, VersionSpan
@@ -31,15 +32,14 @@ from ..base import (
     AgentReply,
     CannotContinue,
     Completion,
+    EngineCounter,
     EngineRequest,
     EngineSession,
     Refusal,
-    Validation,
 )
-from ..pool import WorkerPool
+from ..pool import Check, Sent, WorkerPool, WorkerRequest
 from ..served_model import ServedModel
 from ..stitch import reported_spans, stitch, to_continue, version_spans
-from ..upstream import UpstreamReply
 from .answer import GenerateAnswer, check_generate_answer
 from .delta import Plan, Rebuild, RemoteSessions, dp_rank, lost_session
 from .parsers import Parsers
@@ -49,12 +49,13 @@ from .request import (
     ToolChoice,
     Untranslatable,
     generate_body,
+    model_options,
     sampling_params,
 )
+from .workers import GENERATE_PATH
 
 __all__ = ["SGLangGenerateEngine"]
 
-GENERATE_PATH = "/generate"
 _SEPARATE_REASONING = "/separate_reasoning"
 _PARSE_FUNCTION_CALL = "/parse_function_call"
 _OPEN_SESSION = "/open_session"
@@ -65,8 +66,7 @@ _CAPACITY = 1 << 20
 
 @dataclass(slots=True)
 class SGLangGenerateEngine:
-    pool: WorkerPool
-    validation: Validation
+    pool: WorkerPool  # the session's sticky worker, failover, checks, circuit breaker
     model: ServedModel
     options: GenerateOptions = field(default_factory=lambda: GenerateOptions(Parsers()))
     session_hints: bool = False
@@ -96,33 +96,29 @@ class SGLangGenerateEngine:
             self._drop(session)
         elif self.delta is not None:
             plan = await self._plan(session, request)
-        reply = await self._generate(session, request, sampling, rid, forced, plan)
-        if reply.status == 400 and plan is not None and self.delta is not None:
-            message = _message(reply.body)
-            if plan.rebuild is None and lost_session(message):
-                # The worker lost the session (restart, its reaper): prime a
-                # fresh one with the whole prompt, once.
-                plan = await self._plan(session, request, Rebuild.LOST)
-                rid = uuid.uuid4().hex  # a new request, not the refused one again
-                reply = await self._generate(session, request, sampling, rid, forced, plan)
+        try:
+            sent = await self._generate(session, request, sampling, rid, forced, plan)
+            if sent.reply.status == 400 and plan is not None and self.delta is not None:
+                message = _message(sent.reply.body)
+                if plan.rebuild is None and lost_session(message):
+                    # The worker lost the session (restart, its reaper): prime a
+                    # fresh one with the whole prompt, once.
+                    plan = await self._plan(session, request, Rebuild.LOST)
+                    rid = uuid.uuid4().hex  # a new request, not the refused one again
+                    sent = await self._generate(session, request, sampling, rid, forced, plan)
+        except UpstreamMalformed:
+            if plan is not None:
+                # E.g. prompt_tokens not the trajectory's: the worker's context
+                # cannot be trusted; the next turn rebuilds it.
+                self._drop(session)
+            raise
+        reply = sent.reply
         if reply.status != 200:
             if plan is not None:
                 self._drop(session)
             # The worker's own refusal, in the chat route's error shape.
             return Refusal(error_reply(reply.status, _message(reply.body)), reply.worker)
-        check = AnswerCheck.of(request)
-        try:
-            answer = await self.validation.validate(
-                check_generate_answer, reply.body, check, len(reply.body)
-            )
-        except UpstreamMalformed as exc:
-            if plan is not None:
-                # E.g. prompt_tokens not the trajectory's: the worker's context
-                # cannot be trusted; the next turn rebuilds it.
-                self._drop(session)
-            self.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
-            raise
-        self.pool.report_success(reply.worker)
+        answer = sent.checked
         if plan is not None and self.delta is not None:
             self.delta.finished(session.id, reply.worker, plan, rid, request.input_ids, answer.ids)
         cached = answer.cached_tokens  # this request's, not the stitched answer's
@@ -180,7 +176,10 @@ class SGLangGenerateEngine:
         body = {"capacity_of_str_len": _CAPACITY, "session_id": plan.remote_id}
         if self.remote_timeout_s is not None:
             body["timeout"] = self.remote_timeout_s
-        reply = await self.pool.follow_up(url, session, _OPEN_SESSION, orjson.dumps(body))
+        sent: Sent[None] = await self.pool.send(
+            session, WorkerRequest(path=_OPEN_SESSION, body=orjson.dumps(body), worker=url)
+        )
+        reply = sent.reply
         if reply.status != 200:
             raise UpstreamError(
                 f"the worker's {_OPEN_SESSION} answered {reply.status}: {_message(reply.body)}"
@@ -204,7 +203,7 @@ class SGLangGenerateEngine:
         rid: str,
         forced: bool,
         plan: Plan | None,
-    ) -> UpstreamReply:
+    ) -> Sent[GenerateAnswer]:
         rank = None
         if plan is not None and session.worker is not None:
             rank = dp_rank(session.id, await self._dp_size(session.worker))
@@ -221,12 +220,15 @@ class SGLangGenerateEngine:
             model=self.model.upstream_name(request.params.get("model")),
             served_model=self.model.name,
         )
-        return await self.pool.chat(
+        return await self.pool.send(
             session,
-            payload,
-            GENERATE_PATH,
-            request_id=rid,
-            resend_if_gone=request.partial is not None,
+            WorkerRequest(
+                path=GENERATE_PATH,
+                body=payload,
+                request_id=rid,
+                resend_if_gone=request.partial is not None,
+                check=Check(check_generate_answer, AnswerCheck.of(request)),
+            ),
         )
 
     def _drop(self, session: EngineSession) -> None:
@@ -306,7 +308,10 @@ class SGLangGenerateEngine:
     async def _route(
         self, session: EngineSession, worker: str, path: str, body: dict[str, Any]
     ) -> dict[str, Any]:
-        reply = await self.pool.follow_up(worker, session, path, orjson.dumps(body))
+        sent: Sent[None] = await self.pool.send(
+            session, WorkerRequest(path=path, body=orjson.dumps(body), worker=worker)
+        )
+        reply = sent.reply
         if reply.status != 200:
             raise UpstreamError(
                 f"the worker's {path} answered {reply.status}: {_message(reply.body)}"
@@ -318,6 +323,28 @@ class SGLangGenerateEngine:
         if not isinstance(data, dict):
             raise UpstreamError(f"the worker's {path} answer is not a JSON object")
         return data
+
+    async def prepare(self, model_dir: str) -> None:
+        """The chat route's generation_config defaults, from the model's files."""
+        self.options = await trio.to_thread.run_sync(model_options, self.options.parsers, model_dir)
+
+    def counters(self) -> Iterable[EngineCounter]:
+        delta = self.delta
+        if delta is None:
+            return
+        yield EngineCounter(
+            "rollout_kv_session_primes",
+            "--kv-sessions delta: worker sessions primed with the whole prompt, by cause "
+            "(first, moved, branched, lost, dropped)",
+            ("cause",),
+            {(cause,): count for cause, count in sorted(delta.rebuilds.items())},
+        )
+        yield EngineCounter(
+            "rollout_kv_delta_turns",
+            "--kv-sessions delta: turns that sent only the ids the worker did not hold",
+            (),
+            {(): delta.delta_turns},
+        )
 
     def adopt(self, session: EngineSession) -> None:
         self.pool.adopt(session)

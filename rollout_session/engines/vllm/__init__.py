@@ -4,16 +4,10 @@ parsers in one call).
 
 Owns: the chat route's translation (`request`), the workers' parser facts
 (`parsers`), the answer's strict check (`answer`), the agent's reply
-(`reply`), how the pool speaks to vLLM workers (`worker`), and the engine
-(`engine`). May import the engines wing's shared modules and
-`sglang_chat.answer`'s check vocabulary; nothing of SGLang's wire format.
+(`reply`), how the pool speaks to vLLM workers (`worker`), the engine
+(`engine`) and what the registry knows of it (`spec`). May import what the
+engines wing shares (`base`, `answer`, `stitch`, `chat_reply`, `scoring`,
+`kv_sessions`, `pool`, `spec`, `served_model`), `prompt`, `errors` and
+`tokens`; never another engine package. This ``__init__`` imports nothing:
+validation processes import `answer` alone.
 """
-
-from __future__ import annotations
-
-from .engine import VllmEngine
-from .parsers import VllmParsers
-from .request import VllmOptions, model_options
-from .worker import VLLM_WORKERS
-
-__all__ = ["VLLM_WORKERS", "VllmEngine", "VllmOptions", "VllmParsers", "model_options"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import msgspec
+import trio
 
 from ...errors import UpstreamError, UpstreamMalformed
 from ..answer import AnswerCheck
@@ -33,12 +34,12 @@ from ..base import (
     AgentReply,
     CannotContinue,
     Completion,
+    EngineCounter,
     EngineRequest,
     EngineSession,
     Refusal,
-    Validation,
 )
-from ..pool import WorkerPool
+from ..pool import Check, Sent, WorkerPool, WorkerRequest
 from ..served_model import ServedModel
 from ..stitch import Stitched, reported_spans, stitch, to_continue, version_spans
 from .answer import VllmAnswer, check_derendered, check_vllm_answer
@@ -48,6 +49,7 @@ from .request import (
     VllmOptions,
     derender_body,
     generate_body,
+    model_options,
     parser_constrains,
     render_body,
     sampling_params,
@@ -79,13 +81,25 @@ class _Rendered(msgspec.Struct):
 
 _RENDERED = msgspec.json.Decoder(_Rendered)
 
+
+def _read_rendered(body: bytes, _: None) -> dict[str, Any] | None:
+    """The tool-call constraint in /render's answer (None: it builds none)."""
+    try:
+        rendered = _RENDERED.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise UpstreamMalformed(
+            f"the worker's {RENDER_PATH} answer is not a GenerateRequest: {exc}",
+            kind="render",
+        ) from None
+    return rendered.sampling_params.structured_outputs
+
+
 __all__ = ["VllmEngine"]
 
 
 @dataclass(slots=True)
 class VllmEngine:
-    pool: WorkerPool
-    validation: Validation
+    pool: WorkerPool  # the session's sticky worker, failover, checks, circuit breaker
     model: ServedModel
     options: VllmOptions = field(default_factory=VllmOptions)
 
@@ -122,25 +136,21 @@ class VllmEngine:
             context=self.model.context_length,
             sampling=sampling,
         )
-        reply = await self.pool.chat(
+        sent = await self.pool.send(
             session,
-            payload,
-            GENERATE_PATH,
-            request_id=request_id,
-            resend_if_gone=before is not None,
+            WorkerRequest(
+                path=GENERATE_PATH,
+                body=payload,
+                request_id=request_id,
+                resend_if_gone=before is not None,
+                check=Check(check_vllm_answer, AnswerCheck.of(request)),
+            ),
         )
+        reply = sent.reply
         if reply.status != 200:
             # vLLM's own error, already in the OpenAI shape; nothing is committed.
             return Refusal(AgentReply(reply.status, reply.headers, reply.body), reply.worker)
-        check = AnswerCheck.of(request)
-        try:
-            answer = await self.validation.validate(
-                check_vllm_answer, reply.body, check, len(reply.body)
-            )
-        except UpstreamMalformed as exc:
-            self.pool.report_failure(reply.worker, f"{exc.kind}: {exc.message}")
-            raise
-        self.pool.report_success(reply.worker)
+        answer = sent.checked
         cached = answer.cached_tokens  # this request's, not the stitched answer's
         spans = version_spans(answer.weight_versions, answer.weight_version, len(answer.ids))
         stitched = stitch(request, answer.ids, answer.logprobs, spans, answer.experts)
@@ -202,7 +212,10 @@ class VllmEngine:
             stop_reason=answer.stop_reason,
             model=model,
         )
-        reply = await self.pool.follow_up(worker, session, DERENDER_PATH, payload)
+        sent: Sent[None] = await self.pool.send(
+            session, WorkerRequest(path=DERENDER_PATH, body=payload, worker=worker)
+        )
+        reply = sent.reply
         if reply.status != 200:
             raise UpstreamError(
                 f"the worker's {DERENDER_PATH} answered {reply.status}: "
@@ -224,18 +237,25 @@ class VllmEngine:
         (its parsers' adjust_request, xgrammar's structural tag), from the
         session's worker's ``/v1/chat/completions/render``; its refusal as
         the agent's answer."""
-        reply = await self.pool.chat(session, render_body(request, model), RENDER_PATH)
+        sent = await self.pool.send(
+            session,
+            WorkerRequest(
+                path=RENDER_PATH,
+                body=render_body(request, model),
+                check=Check(_read_rendered, None),
+            ),
+        )
+        reply = sent.reply
         if reply.status != 200:
             return Refusal(AgentReply(reply.status, reply.headers, reply.body), reply.worker)
-        try:
-            rendered = _RENDERED.decode(reply.body)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            self.pool.report_failure(reply.worker, f"render: {exc}")
-            raise UpstreamMalformed(
-                f"the worker's {RENDER_PATH} answer is not a GenerateRequest: {exc}",
-                kind="render",
-            ) from None
-        return rendered.sampling_params.structured_outputs
+        return sent.answer
+
+    async def prepare(self, model_dir: str) -> None:
+        """vLLM's chat-route sampling defaults, from the model's generation_config."""
+        self.options = await trio.to_thread.run_sync(model_options, self.options.parsers, model_dir)
+
+    def counters(self) -> Iterable[EngineCounter]:
+        return ()
 
     def adopt(self, session: EngineSession) -> None:
         self.pool.adopt(session)

@@ -19,16 +19,9 @@ import orjson
 import trio
 
 from ...errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
-from ..dialect import WorkerDialect
+from ..pool.client import TRANSPORT_ERRORS, NotSent, WorkerClient, get_json, post
+from ..pool.dialect import PROBE_SESSION, ModelInfo, Probe, WorkerDialect
 from ..scoring import VLLM_SCORING
-from ..upstream import (
-    TRANSPORT_ERRORS,
-    ModelInfo,
-    NotSent,
-    WorkerClient,
-    get_json,
-    post_chat,
-)
 from .answer import check_vllm_probe
 
 __all__ = ["GENERATE_PATH", "VLLM_WORKERS", "fetch_vllm_model_info"]
@@ -84,14 +77,14 @@ async def fetch_vllm_model_info(client: WorkerClient, deadline_s: float) -> Mode
                 raise UpstreamError(
                     f"not a vLLM worker: /v1/models says owned_by {base.get('owned_by')!r}"
                 )
-            reply = await post_chat(
+            reply = await post(
                 client,
-                "rollout-session-probe",
-                probe_body(base["id"]),
-                deadline_s,
-                _PROBE_BYTES,
                 GENERATE_PATH,
-                _SESSION_HEADERS,
+                probe_body(base["id"]),
+                session_id=PROBE_SESSION,
+                session_headers=_SESSION_HEADERS,
+                timeout_s=deadline_s,
+                max_bytes=_PROBE_BYTES,
             )
     except trio.TooSlowError:
         raise UpstreamError(
@@ -133,11 +126,9 @@ def _abort(request_ids: list[str]) -> list[tuple[str, bytes]]:
 
 
 VLLM_WORKERS = WorkerDialect(
-    name="vllm",
+    name="vLLM",
     read_model=fetch_vllm_model_info,
-    probe_path=GENERATE_PATH,
-    probe_body=probe_body,
-    check_probe=check_vllm_probe,
+    probe=Probe(GENERATE_PATH, probe_body, check_vllm_probe),
     session_headers=_SESSION_HEADERS,
     abort_requests=_abort,
     scoring=VLLM_SCORING,

@@ -186,14 +186,14 @@ async def test_one_agents_failing_requests_do_not_fence_the_worker(
 
     await attack()  # alone: its failures are in a row
     with trio.fail_after(10):
-        await pool.wait_until(lambda: not worker.chat_probing)
+        await pool.wait_until(lambda: not worker.probing)
     assert worker.circuit is Circuit.CLOSED and worker.circuit_excused >= 1
     async with trio.open_nursery() as nursery:
         nursery.start_soon(attack)
         for _ in range(3):
             nursery.start_soon(work, await stack.create())
     with trio.fail_after(10):
-        await pool.wait_until(lambda: not worker.chat_probing)
+        await pool.wait_until(lambda: not worker.probing)
     assert worker.circuit is Circuit.CLOSED and worker.healthy
     metrics = (await stack.client.get("/metrics")).text
     excused = f'rollout_worker_circuit_excused_total{{worker="{worker.url}"}} '

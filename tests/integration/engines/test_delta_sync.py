@@ -14,8 +14,8 @@ import trio
 from rollout_session import Settings
 from rollout_session.emulator.sglang.sessions import SessionTable
 from rollout_session.engines.pool import Health
-from rollout_session.engines.sglang_generate import SGLangGenerateEngine
 from rollout_session.engines.sglang_generate.delta import RemoteSessions
+from rollout_session.engines.sglang_generate.engine import SGLangGenerateEngine
 from tests.conftest import Stack, StackFactory
 
 GENERATE = {"engine": "sglang-generate"}

@@ -13,18 +13,32 @@ import pytest
 import trio
 from httpcore._backends.trio import TrioStream  # what WorkerClient's reads reach
 
-from rollout_session.engines.upstream import (
+from rollout_session.engines.pool.client import (
     READ_BYTES,
     NotSent,
+    UpstreamReply,
     WorkerClient,
-    fetch_model_info,
-    post_chat,
+    post,
 )
+from rollout_session.engines.sglang_workers import fetch_model_info
 from rollout_session.errors import UpstreamError
 
 ANSWER = b'{"ok": true}'
 LARGE = bytes(range(256)) * (3 * 4096)  # 3 MiB
 ANY_SIZE = 1 << 30  # no answer here comes near --max-answer-mb
+
+
+async def _post(client: WorkerClient, session_id: str) -> UpstreamReply:
+    """A turn's POST of an empty JSON body, as the pool sends one."""
+    return await post(
+        client,
+        "/v1/chat/completions",
+        b"{}",
+        session_id=session_id,
+        session_headers=(b"x-smg-routing-key",),
+        timeout_s=10.0,
+        max_bytes=ANY_SIZE,
+    )
 
 
 @dataclass
@@ -128,7 +142,7 @@ def client_for(origin: Origin, max_connections: int = 4) -> WorkerClient:
 async def test_sequential_requests_share_one_connection(origin: Origin) -> None:
     client = client_for(origin)
     for i in range(5):
-        reply = await post_chat(client, f"s{i}", b"{}", 10.0, ANY_SIZE)
+        reply = await _post(client, f"s{i}")
         assert (reply.status, reply.body) == (200, ANSWER)
         assert reply.headers == [(b"content-type", b"application/json")]
     assert origin.connections == 1
@@ -195,7 +209,7 @@ async def test_cancelled_exchange_closes_its_connection(origin: Origin) -> None:
     # The worker sees the disconnect (SGLang aborts the request on it) ...
     await origin.wait_for(lambda: origin.open_now == 0)
     # ... and the next exchange gets a fresh connection.
-    reply = await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
+    reply = await _post(client, "s")
     assert reply.status == 200
     assert origin.connections == 2
     await client.aclose()
@@ -208,7 +222,7 @@ async def test_connection_closed_by_the_worker_is_not_reused(origin: Origin) -> 
     await origin.wait_for(lambda: origin.open_now == 0)
     # Had the idle connection been reused, this would fail with "server
     # disconnected" (a 502 for the agent); instead a new one is opened.
-    reply = await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
+    reply = await _post(client, "s")
     assert reply.status == 200
     assert origin.connections == 2
     await client.aclose()
@@ -224,7 +238,7 @@ async def test_refused_connection_is_not_sent_and_a_closed_client_sends_nothing(
     dead = f"http://127.0.0.1:{port}"  # bound, never listening: refused
     client = WorkerClient(dead, max_connections=2, timeout_s=10.0, connect_timeout_s=5.0)
     with pytest.raises(NotSent):
-        await post_chat(client, "s", b"{}", 10.0, ANY_SIZE)
+        await _post(client, "s")
     with pytest.raises(UpstreamError, match="cannot read model info"):
         await fetch_model_info(client, 5.0)
     closed = client_for(origin)

@@ -61,7 +61,8 @@ async def test_a_model_the_workers_list_is_sent_as_asked(make_stack: StackFactor
     pool = stack.ctx.pool
     await pool.wait_until(lambda: pool.served is not None)
     assert pool.served is not None
-    pool.served = replace(pool.served, models=(*pool.served.models, "my-adapter"))
+    # As if the worker listed an adapter too (the emulator serves one model).
+    pool._health.served = replace(pool.served, models=(*pool.served.models, "my-adapter"))
     session_id = await stack.create()
     response = await stack.chat(session_id, messages=HELLO, model="my-adapter")
     assert response.status_code == 200, response.text

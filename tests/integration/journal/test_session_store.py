@@ -256,15 +256,15 @@ async def test_a_turn_whose_worker_answers_after_the_journal_failed_commits_noth
     stack = await make_stack(journal=str(tmp_path))
     session_id = await stack.create()
     answered, go_on = trio.Event(), trio.Event()
-    chat = stack.ctx.pool.chat
+    send = stack.ctx.pool.send
 
-    async def gated_chat(session: Session, payload: bytes, *args: Any, **kwargs: Any) -> Any:
-        reply = await chat(session, payload, *args, **kwargs)
+    async def gated_send(session: Session, request: Any) -> Any:
+        sent = await send(session, request)
         answered.set()
         await go_on.wait()
-        return reply
+        return sent
 
-    monkeypatch.setattr(stack.ctx.pool, "chat", gated_chat)
+    monkeypatch.setattr(stack.ctx.pool, "send", gated_send)
     turn: list[httpx.Response] = []
 
     async def agent() -> None:

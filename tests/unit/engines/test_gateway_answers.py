@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from rollout_session.engines.answer import AnswerCheck
+from rollout_session.engines.pool.client import UpstreamReply, forwardable_headers, routed_worker
 from rollout_session.engines.sglang_chat.answer import check_answer
-from rollout_session.engines.upstream import UpstreamReply, forwardable_headers, routed_worker
 from rollout_session.errors import UpstreamMalformed
 from tests import FIXTURES
 

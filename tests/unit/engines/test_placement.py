@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rollout_session.engines.placement import (
+from rollout_session.engines.pool.placement import (
     ConsistentHash,
     RoundRobin,
     StickyLeastLoaded,

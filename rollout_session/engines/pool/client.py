@@ -1,14 +1,14 @@
-"""HTTP exchanges with one SGLang worker, and their failure modes.
+"""HTTP exchanges with one worker, and their failure modes (any engine).
 
-`WorkerClient` keeps the keep-alive connections to one worker. `post_chat`
-sends a turn and maps transport failures onto the error tree: `NotSent` when
+`WorkerClient` keeps the keep-alive connections to one worker. `post`
+sends a request and maps transport failures onto the error tree: `NotSent` when
 the connection could not be made (no byte reached the worker, so another
 worker may safely be tried), `UpstreamTimeout` (504) when the worker did not
 answer in time, `UpstreamError` (502) for any other transport failure (the
 worker may have done the work: never retried), `UpstreamMalformed` (502,
 kind ``answer_too_large``) for an answer over ``--max-answer-mb``: it is
-read no further and its connection is closed. The worker pool
-(`pool.py`) decides what to do with them.
+read no further and its connection is closed. The pool's dispatch
+(`dispatch.py`) decides what to do with them.
 
 Messages of these errors reach agents, so they never name the worker: the
 URL and the transport's own words are logged here instead.
@@ -20,7 +20,6 @@ import contextvars
 import logging
 import ssl
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,24 +29,19 @@ import httpcore
 import orjson
 import trio
 
-from ..errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
+from ...errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
 
 __all__ = [
-    "CHAT_PATH",
-    "PROBE_SESSION",
     "ROUTED_WORKER_HEADER",
     "TRANSPORT_ERRORS",
     "AnswerTooLarge",
     "Exchange",
-    "ModelInfo",
     "NotSent",
     "UpstreamReply",
     "WorkerClient",
-    "chat_probe_body",
-    "fetch_model_info",
     "forwardable_headers",
     "get_json",
-    "post_chat",
+    "post",
     "routed_worker",
     "transport_detail",
 ]
@@ -79,15 +73,11 @@ _DROPPED_HEADERS = frozenset(
         ROUTED_WORKER_HEADER,
     }
 )
-CHAT_PATH = "/v1/chat/completions"
-
 # Identity: the body is validated and passed on as the worker's bytes.
 _CHAT_HEADERS = ((b"content-type", b"application/json"), (b"accept-encoding", b"identity"))
 _GET_HEADERS = ((b"accept", b"application/json"), (b"accept-encoding", b"identity"))
 # A model card is a few hundred bytes; more is not a model server's answer.
 _MAX_CARD_BYTES = 1 << 20
-# The routing key of the pool's chat probes (half-open circuits).
-PROBE_SESSION = "rollout-session-probe"
 # Transport failures after a connection was made (ConnectError is a
 # NetworkError and ConnectTimeout a TimeoutException: caught before these).
 TRANSPORT_ERRORS = (
@@ -395,15 +385,6 @@ class UpstreamReply:
         return self.routed_worker or self.worker
 
 
-@dataclass(slots=True, frozen=True)
-class ModelInfo:
-    model: str
-    tokenizer_path: str | None
-    max_model_len: int | None
-    # Every model id the worker's /v1/models lists (`model` is the first).
-    models: tuple[str, ...] = ()
-
-
 class NotSent(Exception):
     """The request never reached the worker (connect refused / timed out)."""
 
@@ -435,18 +416,19 @@ def forwardable_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes,
     return [(k, v) for k, v in kept if k not in _DROPPED_HEADERS]
 
 
-async def post_chat(
+async def post(
     client: WorkerClient,
-    session_id: str,
+    path: str,
     payload: bytes,
+    *,
+    session_id: str,
+    session_headers: tuple[bytes, ...],
     timeout_s: float,
     max_bytes: int,
-    path: str = CHAT_PATH,
-    session_headers: tuple[bytes, ...] = (b"x-smg-routing-key",),
 ) -> UpstreamReply:
-    """POST one turn's request (the chat route unless `path` says which),
-    its session id in each of `session_headers` (a router in front keeps the
-    session sticky by them; workers ignore them)."""
+    """POST one JSON request to `path`, its session id in each of
+    `session_headers` (a router in front keeps the session sticky by them;
+    workers ignore them)."""
     url = client.base_url
     session = session_id.encode()
     headers = [*_CHAT_HEADERS, *((name, session) for name in session_headers)]
@@ -481,24 +463,6 @@ async def post_chat(
     )
 
 
-def chat_probe_body(model: str) -> bytes:
-    """A one-token chat completion asked the way turns ask (a one-id prompt),
-    which checks the worker's chat route end to end, answer included."""
-    return orjson.dumps(
-        {
-            "model": model,
-            "messages": [{"role": "user", "content": "ping"}],
-            "input_ids": [0],
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "logprobs": True,
-            "return_meta_info": True,
-            "stream": False,
-            "rid": uuid.uuid4().hex,
-        }
-    )
-
-
 async def get_json(client: WorkerClient, path: str) -> dict[str, Any]:
     """A small JSON object a worker serves (a model card); `UpstreamError` otherwise."""
     try:
@@ -514,43 +478,3 @@ async def get_json(client: WorkerClient, path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UpstreamError(f"{path} answered JSON that is not an object")
     return data
-
-
-async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo:
-    """What a worker serves, from SGLang's `/get_model_info` and `/v1/models`,
-    both within `deadline_s` (a worker that accepts and never answers must
-    not hold start-up for the chat timeout). `UpstreamError` unless both are
-    SGLang's answers for a generation model."""
-    try:
-        with trio.fail_after(deadline_s):
-            info = await get_json(client, "/get_model_info")
-            models = await get_json(client, "/v1/models")
-    except trio.TooSlowError:
-        raise UpstreamError(
-            f"cannot read model info from the worker: no answer within {deadline_s:g} s"
-        ) from None
-    except (UpstreamError, httpcore.TimeoutException, *TRANSPORT_ERRORS) as exc:
-        raise UpstreamError(f"cannot read model info from the worker: {exc}") from None
-    model_path = info.get("model_path")
-    if not isinstance(model_path, str) or not model_path:
-        raise UpstreamError("not an SGLang worker: /get_model_info has no model_path")
-    if info.get("is_generation") is not True:
-        raise UpstreamError("not an SGLang generation model: /get_model_info is_generation")
-    data = models.get("data")
-    if not (
-        isinstance(data, list)
-        and data
-        and all(isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"] for m in data)
-    ):
-        raise UpstreamError("not an SGLang worker: /v1/models lists no model")
-    max_len = data[0].get("max_model_len")
-    if not isinstance(max_len, int) or isinstance(max_len, bool):
-        max_len = None
-    tokenizer_path = info.get("tokenizer_path")
-    return ModelInfo(
-        # The served name (SGLang's --served-model-name) is what agents send.
-        model=data[0]["id"],
-        tokenizer_path=tokenizer_path if isinstance(tokenizer_path, str) else None,
-        max_model_len=max_len,
-        models=tuple(m["id"] for m in data),
-    )

@@ -1,0 +1,66 @@
+"""How the pool speaks to one kind of worker: the contract between the pool
+and an engine family.
+
+The pool's bookkeeping (health, circuits, pins) is the same for every
+engine; only these exchanges differ. An engine package declares its
+`WorkerDialect` (``sglang_workers.sglang_dialect`` for both SGLang engines,
+``vllm.worker.VLLM_WORKERS``) and the registry hands it to the pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ..scoring import ScoringDialect
+from .client import WorkerClient
+
+__all__ = ["ANY_VOCAB", "PROBE_SESSION", "ModelInfo", "Probe", "WorkerDialect"]
+
+# The session id (routing key) of the pool's own probes: never an agent's.
+PROBE_SESSION = "rollout-session-probe"
+
+# A probe's answer is checked like a turn's, but the pool does not know the
+# vocabulary: any non-negative id passes.
+ANY_VOCAB = 2**31 - 1
+
+
+@dataclass(slots=True, frozen=True)
+class ModelInfo:
+    """What a worker serves, as its admission check read it."""
+
+    model: str
+    tokenizer_path: str | None
+    max_model_len: int | None
+    # Every model id the worker's /v1/models lists (`model` is the first).
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The one-token request that proves a worker samples and answers in its
+    engine's shape (a circuit's confirming and half-open probes): its path,
+    its body for the served model, and the check of its 200 answer
+    (`UpstreamMalformed` when it fails)."""
+
+    path: str
+    body: Callable[[str], bytes]
+    check: Callable[[bytes], object]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerDialect:
+    name: str  # the engine family, as log lines and errors name it ("SGLang", "vLLM")
+    # What a worker serves, within a deadline; `UpstreamError` (with the
+    # reason) when it is not this engine's worker or lists no model.
+    read_model: Callable[[WorkerClient, float], Awaitable[ModelInfo]]
+    probe: Probe
+    # Headers whose value is the session id on every request: a router in
+    # front of the workers keeps a session on one worker by them.
+    session_headers: tuple[bytes, ...]
+    # The requests (path, body) that abort these in-flight requests, by the
+    # id the engine sent: each then answers `abort` with what it had
+    # sampled (a pause in abort mode).
+    abort_requests: Callable[[list[str]], list[tuple[str, bytes]]]
+    # How a worker scores a token sequence without sampling (a rescore).
+    scoring: ScoringDialect

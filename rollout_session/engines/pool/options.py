@@ -1,0 +1,48 @@
+"""`PoolOptions`: what a pool follows, fixed for the app."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..worker_urls import WorkerHosts
+from .dialect import WorkerDialect
+
+__all__ = ["PoolOptions"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolOptions:
+    """Built by `Settings.pool_options`, where the defaults are; each field
+    is the flag of the same name (docs/reliability.md#workers)."""
+
+    dialect: WorkerDialect  # how the pool speaks to its engine's workers
+    placement: str
+    allowed_worker_hosts: WorkerHosts | None  # None = any host
+    health_interval_s: float
+    health_timeout_s: float
+    unhealthy_after: int
+    healthy_after: int
+    circuit_failures: int
+    circuit_successes: int
+    circuit_open_s: float
+    upstream_max_connections: int
+    upstream_timeout_s: float
+    connect_timeout_s: float
+    max_answer_bytes: int
+    sends_session_hints: bool  # --kv-sessions hint
+    fixed_upstream_model: str | None  # --upstream-model NAME (not a keyword)
+    # What the pool's log lines call it ("" for the rollout workers).
+    label: str = ""
+
+    @property
+    def read_model_s(self) -> float:
+        """An admission check's budget for reading the model: two small
+        GETs, a probe's budget each, plus connecting."""
+        return self.connect_timeout_s + 2 * self.health_timeout_s
+
+    @property
+    def retry_after_s(self) -> int:
+        """When a request refused for want of a worker may try again: the
+        next health round."""
+        return max(1, math.ceil(self.health_interval_s))

@@ -1,0 +1,55 @@
+"""The `sglang-generate` engine as the registry knows it."""
+
+from __future__ import annotations
+
+from ..base import Engine
+from ..kv_sessions import KvMode
+from ..spec import EngineFlag, EngineParts, EngineSettings, EngineSpec
+from .parsers import Parsers
+from .workers import SGLANG_GENERATE_WORKERS
+
+__all__ = ["SPEC"]
+
+
+def _parsers(settings: EngineSettings) -> Parsers:
+    """The workers' parsers (ValueError: one the translation does not reproduce)."""
+    return Parsers(settings.tool_call_parser, settings.reasoning_parser)
+
+
+def _check(settings: EngineSettings) -> None:
+    _parsers(settings)
+
+
+def _build(settings: EngineSettings, parts: EngineParts) -> Engine:
+    from .delta import RemoteSessions
+    from .engine import SGLangGenerateEngine
+    from .request import GenerateOptions
+
+    mode = KvMode(settings.kv_sessions)
+    return SGLangGenerateEngine(
+        parts.pool,
+        parts.model,
+        GenerateOptions(_parsers(settings)),
+        session_hints=mode is KvMode.HINT,
+        delta=RemoteSessions() if mode is KvMode.DELTA else None,
+        # A worker reaps an idle session after this; a later turn rebuilds it.
+        remote_timeout_s=settings.session_ttl_s,
+    )
+
+
+SPEC = EngineSpec(
+    name="sglang-generate",
+    summary="SGLang's /generate, the chat route's translation reproduced",
+    dialect=SGLANG_GENERATE_WORKERS,
+    flags=(
+        EngineFlag("--tool-call-parser", "the workers' --tool-call-parser (SGLang's name)"),
+        EngineFlag("--reasoning-parser", "the workers' --reasoning-parser (SGLang's name)"),
+        EngineFlag(
+            "--kv-sessions",
+            "off, hint, or delta (each turn sends only new ids over SGLang sessions; "
+            "docs/kv-sessions.md)",
+        ),
+    ),
+    check=_check,
+    build=_build,
+)

@@ -1,0 +1,83 @@
+"""What both SGLang engines know of an SGLang worker beyond their own route:
+how its admission check reads the served model, which header names a
+session to smg in front of it, how an in-flight request is aborted, and how
+it scores a token sequence. Each SGLang engine adds the one-token probe of
+its own route (`sglang_dialect`): a worker launched for one route may not
+serve the other (``--skip-tokenizer-init`` has no chat route).
+
+Facts from SGLang 0.5.23 (``srt/entrypoints/http_server.py``):
+``get_model_info`` (``model_path``, ``tokenizer_path``, ``is_generation``),
+the OpenAI ``/v1/models`` list (``max_model_len``), ``abort_request``
+(``io_struct.AbortReq``: one ``rid``).
+"""
+
+from __future__ import annotations
+
+import httpcore
+import orjson
+import trio
+
+from ..errors import UpstreamError
+from .pool.client import TRANSPORT_ERRORS, WorkerClient, get_json
+from .pool.dialect import ModelInfo, Probe, WorkerDialect
+from .scoring import SGLANG_SCORING
+
+__all__ = ["fetch_model_info", "sglang_dialect"]
+
+
+async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo:
+    """What a worker serves, from SGLang's `/get_model_info` and `/v1/models`,
+    both within `deadline_s` (a worker that accepts and never answers must
+    not hold start-up for the chat timeout). `UpstreamError` unless both are
+    SGLang's answers for a generation model."""
+    try:
+        with trio.fail_after(deadline_s):
+            info = await get_json(client, "/get_model_info")
+            models = await get_json(client, "/v1/models")
+    except trio.TooSlowError:
+        raise UpstreamError(
+            f"cannot read model info from the worker: no answer within {deadline_s:g} s"
+        ) from None
+    except (UpstreamError, httpcore.TimeoutException, *TRANSPORT_ERRORS) as exc:
+        raise UpstreamError(f"cannot read model info from the worker: {exc}") from None
+    model_path = info.get("model_path")
+    if not isinstance(model_path, str) or not model_path:
+        raise UpstreamError("not an SGLang worker: /get_model_info has no model_path")
+    if info.get("is_generation") is not True:
+        raise UpstreamError("not an SGLang generation model: /get_model_info is_generation")
+    data = models.get("data")
+    if not (
+        isinstance(data, list)
+        and data
+        and all(isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"] for m in data)
+    ):
+        raise UpstreamError("not an SGLang worker: /v1/models lists no model")
+    max_len = data[0].get("max_model_len")
+    if not isinstance(max_len, int) or isinstance(max_len, bool):
+        max_len = None
+    tokenizer_path = info.get("tokenizer_path")
+    return ModelInfo(
+        # The served name (SGLang's --served-model-name) is what agents send.
+        model=data[0]["id"],
+        tokenizer_path=tokenizer_path if isinstance(tokenizer_path, str) else None,
+        max_model_len=max_len,
+        models=tuple(m["id"] for m in data),
+    )
+
+
+def _abort(rids: list[str]) -> list[tuple[str, bytes]]:
+    # AbortReq takes one rid (io_struct.AbortReq; http_server.abort_request).
+    return [("/abort_request", orjson.dumps({"rid": rid})) for rid in rids]
+
+
+def sglang_dialect(probe: Probe) -> WorkerDialect:
+    """SGLang workers, probed on an engine's own route."""
+    return WorkerDialect(
+        name="SGLang",
+        read_model=fetch_model_info,
+        probe=probe,
+        # sgl-model-gateway's routing key; SGLang itself ignores it.
+        session_headers=(b"x-smg-routing-key",),
+        abort_requests=_abort,
+        scoring=SGLANG_SCORING,
+    )

@@ -1,0 +1,83 @@
+"""What an engine package declares (`EngineSpec`), and what it is built from.
+
+An engine package has one ``spec`` module with one `EngineSpec`: its name,
+its line in ``--engine``'s help, how the pool speaks to its workers, the
+engine flags it takes, the check of their values, and how it is built. The
+registry (`registry`) lists the specs; `config`, the CLI and the app read
+engines only through it, so adding an engine is one package and one
+registry line (docs/architecture.md#adding-an-engine).
+
+Start-up work an engine needs (reading the model's files) is its own
+`Engine.prepare`, called once the tokenizer is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .base import Engine
+from .pool import WorkerDialect, WorkerPool
+from .served_model import ServedModel
+
+__all__ = ["EngineFlag", "EngineParts", "EngineSettings", "EngineSpec"]
+
+
+class EngineSettings(Protocol):
+    """What an engine reads of the server's settings (`config.Settings`
+    has these fields; the engines wing cannot import it)."""
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def tool_call_parser(self) -> str | None: ...
+
+    @property
+    def reasoning_parser(self) -> str | None: ...
+
+    @property
+    def kv_sessions(self) -> str: ...
+
+    @property
+    def session_ttl_s(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFlag:
+    """A ``serve`` flag an engine takes; it sets the `Settings` field of the
+    same name (``--tool-call-parser`` → ``tool_call_parser``). Several
+    engines may take one flag, each saying what it means for it."""
+
+    flag: str
+    help: str
+
+    @property
+    def field(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineParts:
+    """The services an engine is built on, owned by the app."""
+
+    pool: WorkerPool  # its workers: placement, failover, checks, circuits
+    model: ServedModel  # the served model's name and context
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    name: str  # the --engine value
+    summary: str  # what it is, for --engine's help
+    dialect: WorkerDialect  # how the pool speaks to its workers
+    flags: tuple[EngineFlag, ...]  # the engine flags it takes (any other must stay unset)
+    # The values of its flags (and of the settings it reads) it cannot serve:
+    # ValueError naming the reason and, where there is one, the fix. Runs
+    # before the generic refusal of flags it does not take, so an engine can
+    # say why it takes none of one.
+    check: Callable[[EngineSettings], None]
+    build: Callable[[EngineSettings, EngineParts], Engine]
+
+    def takes(self, field: str) -> bool:
+        return any(flag.field == field for flag in self.flags)
