@@ -26,7 +26,7 @@ from rollout_session.emulator.cli import add_arguments, config_from_args
 from rollout_session.emulator.config import EmulatorConfig
 from rollout_session.emulator.faults import FAULT_HEADER, FAULTS
 from rollout_session.emulator.model.prompt_reader import ALL_TOOLS
-from rollout_session.emulator.sglang.answer import routed_experts
+from rollout_session.emulator.model.routed_experts import routed_experts
 from rollout_session.emulator.tokenizer import builtin_template
 from rollout_session.emulator.worker import Emulator
 from tests.emulator.conftest import Serve

@@ -26,12 +26,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
+
+from rollout_session.emulator.model.forced_call import ToolConstraint, array_tool_constraint
 
 __all__ = [
     "SAMPLING_FIELDS",
-    "ToolConstraint",
     "contract_error",
     "fastapi_error",
     "lax_true",
@@ -485,17 +485,6 @@ def sampling_error(sampling: Mapping[str, Any], vocab_size: int) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class ToolConstraint:
-    """The tool call a grammar forces: ``choice`` "auto" (none forced),
-    "required" (at least one of the offered tools) or a function's name;
-    ``single``: at most one call (``maxItems: 1``, ``parallel_tool_calls``
-    false)."""
-
-    choice: str = "auto"
-    single: bool = False
-
-
 def tool_constraint(json_schema: Any) -> ToolConstraint:
     """The constraint SGLang's ``get_json_schema_constraint`` wrote into
     ``json_schema`` (``srt/function_call/utils.py``): an array of
@@ -512,27 +501,6 @@ def tool_constraint(json_schema: Any) -> ToolConstraint:
     except json.JSONDecodeError as exc:
         raise ValueError(f"Failed to compile json grammar: {exc}") from exc
     return array_tool_constraint(schema) or ToolConstraint()
-
-
-def array_tool_constraint(schema: Any) -> ToolConstraint | None:
-    """The tool call a JSON-array tool schema forces (SGLang's
-    ``get_json_schema_constraint``, vLLM's ``get_json_schema_from_tools``
-    write the same shape): ``items.anyOf`` for "required", a one-name enum
-    for a named tool; ``maxItems`` 1 for one call only. None: not that shape."""
-    if not (isinstance(schema, dict) and schema.get("type") == "array"):
-        return None
-    items = schema.get("items")
-    if not isinstance(items, dict):
-        return None
-    single = schema.get("maxItems") == 1
-    if isinstance(items.get("anyOf"), list):
-        return ToolConstraint("required", single)
-    props = items.get("properties")
-    name = props.get("name") if isinstance(props, dict) else None
-    enum = name.get("enum") if isinstance(name, dict) else None
-    if isinstance(enum, list) and len(enum) == 1 and isinstance(enum[0], str):
-        return ToolConstraint(enum[0], single)
-    return None
 
 
 def structural_tag_constraint(structural_tag: Any) -> ToolConstraint:

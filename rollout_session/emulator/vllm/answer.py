@@ -40,9 +40,9 @@ from typing import Any, Final
 
 import numpy as np
 
+from rollout_session.emulator.model.forced_call import ToolConstraint, array_tool_constraint
 from rollout_session.emulator.model.logprobs import rank_of
-from rollout_session.emulator.sglang.answer import routed_experts
-from rollout_session.emulator.sglang.generate_params import ToolConstraint, array_tool_constraint
+from rollout_session.emulator.model.routed_experts import routed_experts
 from rollout_session.emulator.vllm.generate import (
     GenerateRequest,
     ParseContext,
