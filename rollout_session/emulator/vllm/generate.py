@@ -40,17 +40,22 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
+from pydantic import ValidationError
 
 from rollout_session.emulator.faults import Reply
 from rollout_session.emulator.vllm.names import VLLM_MAX_LOGPROBS
 from rollout_session.emulator.vllm.tag import read_tag
+
+if TYPE_CHECKING:
+    from rollout_session.emulator.vllm.request_models import ParseContextModel
 
 __all__ = [
     "GenerateRequest",
@@ -199,6 +204,46 @@ def body_error(errors: list[Any]) -> VllmError:
     return VllmError(
         f"{count} validation {label}:\n{lines}".rstrip(), type_="Bad Request", param=param
     )
+
+
+_INTERNAL_LOC: Final = re.compile(r"[\[\](){}]")
+# handlers/validation.py _INTERNAL_LOC_MARKERS: pydantic-core's schema kinds.
+_INTERNAL_LOC_MARKERS: Final = frozenset(
+    {
+        "function-wrap", "function-after", "function-before", "function-plain",
+        "json-or-python", "lax-or-strict", "chain", "default", "nullable", "tagged-union",
+        "union", "call", "arguments", "is-instance", "is-subclass", "callable", "str", "int",
+        "float", "bool", "bytes", "bytearray", "list", "tuple", "dict", "set", "frozenset",
+        "complex", "none", "nonetype",
+    }
+)  # fmt: skip
+
+
+def _clean_loc(loc: tuple[str | int, ...]) -> str:
+    """``clean_loc_for_param``: the dotted path without pydantic's branch markers."""
+    parts = [
+        str(p)
+        for p in loc
+        if not (_INTERNAL_LOC.search(str(p)) or str(p).lower() in _INTERNAL_LOC_MARKERS)
+    ]
+    return ".".join(parts) if parts else ".".join(str(p) for p in loc)
+
+
+def pydantic_error(exc: ValidationError, prefix: tuple[str, ...] = ("body",)) -> VllmError:
+    """FastAPI's ``RequestValidationError`` of a pydantic ``ValidationError``
+    (``loc`` under ``prefix``) through ``validation_exception_handler``."""
+    errors = []
+    for error in exc.errors(include_url=False):
+        item: dict[str, Any] = {
+            "type": error["type"],
+            "loc": _clean_loc((*prefix, *error["loc"])),
+            "msg": error["msg"],
+            "input": _summarize(error["input"]),
+        }
+        if "ctx" in error:
+            item["ctx"] = error["ctx"]
+        errors.append(item)
+    return body_error(errors)
 
 
 # -- pydantic's lax coercions ------------------------------------------------
@@ -525,209 +570,66 @@ def require_object(body: Any) -> dict[str, Any]:
 
 
 def _parse_body(body: Any) -> _Fields:
-    """Stage 1: pydantic's parse of TP ``GenerateRequest``."""
-    body = require_object(body)
-    errs = _Errors()
-    # _validate_cache_salt is a "before" model validator: it runs first, and
-    # its VLLMValidationError is not a pydantic error.
-    salt = body.get("cache_salt")
-    check_cache_salt(salt)
+    """Stage 1: pydantic's parse of TP ``GenerateRequest`` (`request_models`)."""
+    # request_models builds on this module's SamplingParams rules (post_init).
+    from rollout_session.emulator.vllm.request_models import GENERATE_BODY
 
-    def field(name: str, check: Callable[[Any, Loc, _Errors], Any], default: Any) -> Any:
-        return check(body[name], ("body", name), errs) if name in body else default
-
-    request_id = field("request_id", _str, None)
-    token_ids = _token_ids(body, errs)
-    field("token_offsets", _optional(_list), None)
-    features = field("features", _optional(_dict), None)
-    content_parts = field("content_parts", _optional(_list), None)
-    sampling_raw = body.get("sampling_params", _NO_VALUE)
-    sampling: Sampling | _Bad = _BAD
-    if sampling_raw is _NO_VALUE:
-        errs.add("missing", ("body", "sampling_params"), "Field required", body)
-    elif isinstance(sampling_raw, dict):
-        sampling = _sampling(sampling_raw, errs)
-    else:
-        errs.add(
-            "dict_type",
-            ("body", "sampling_params"),
-            "Input should be a valid dictionary",
-            sampling_raw,
-        )
-    model = field("model", _optional(_str), None)
-    field("reasoning_ended", _optional(_bool), None)
-    _reasoning_parser_kwargs(body, errs)
-    return_token_ids = field("return_token_ids", _optional(_bool), None)
-    output_mode = field("output_mode", _output_mode, "tokens")
-    parse_context = field("parse_context", _optional(_parse_context), None)
-    stream = field("stream", _optional(_bool), False)
-    field("stream_options", _optional(_dict), None)
-    priority = field("priority", _int, 0)
-    if isinstance(priority, int) and not _INT64_MIN <= priority <= _INT64_MAX:
-        bound, op = (_INT64_MIN, "greater") if priority < _INT64_MIN else (_INT64_MAX, "less")
-        errs.add(
-            f"{op}_than_equal",
-            ("body", "priority"),
-            f"Input should be {op} than or equal to {bound}",
-            priority,
-            {"ge" if op == "greater" else "le": bound},
-        )
-    kv = field("kv_transfer_params", _optional(_dict), None)
-    ec = field("ec_transfer_params", _optional(_dict), None)
-    errs.raise_if_any()
-    assert isinstance(sampling, Sampling) and isinstance(token_ids, list)
-    # The "after" model validators, in declaration order.
-    if content_parts and features:
-        errs.value_error(("body",), "content_parts and features are mutually exclusive", body)
-    elif output_mode != "tokens" and not sampling.detokenize:
-        errs.value_error(
-            ("body",),
-            f"output_mode={output_mode!r} requires sampling_params.detokenize to be true",
-            body,
-        )
-    elif isinstance(parse_context, tuple) and parse_context[1] and output_mode == "derender":
-        errs.value_error(
-            ("body",),
-            f"Unknown parse_context fields {list(parse_context[1])}; the render server is newer "
-            "than this generate server",
-            body,
-        )
-    errs.raise_if_any()
+    try:
+        request = GENERATE_BODY(body)
+    except ValidationError as exc:
+        raise pydantic_error(exc) from None
+    context = request.parse_context
     unmodelled = tuple(
         (name, what)
         for name, value, what in (
-            ("features", features, "multimodal input (features): it serves a text model"),
+            ("features", request.features, "multimodal input (features): it serves a text model"),
             (
                 "content_parts",
-                content_parts,
+                request.content_parts,
                 "multimodal input (content_parts): it serves a text model",
             ),
-            ("kv_transfer_params", kv, "disaggregated serving (kv_transfer_params)"),
-            ("ec_transfer_params", ec, "disaggregated serving (ec_transfer_params)"),
-            ("cache_salt", salt, "cache_salt (its prefix cache is not salted)"),
+            (
+                "kv_transfer_params",
+                request.kv_transfer_params,
+                "disaggregated serving (kv_transfer_params)",
+            ),
+            (
+                "ec_transfer_params",
+                request.ec_transfer_params,
+                "disaggregated serving (ec_transfer_params)",
+            ),
+            ("cache_salt", request.cache_salt, "cache_salt (its prefix cache is not salted)"),
         )
         if value
     )
+    raw_sampling = body["sampling_params"]
     return _Fields(
-        request_id=request_id if isinstance(request_id, str) else random_uuid(),
-        token_ids=token_ids,
-        sampling=sampling,
-        provided=frozenset(sampling_raw) if isinstance(sampling_raw, dict) else frozenset(),
-        model=model if isinstance(model, str) else None,
-        output_mode=str(output_mode),
-        parse_context=parse_context[0] if isinstance(parse_context, tuple) else None,
-        stream=bool(stream),
-        return_token_ids=bool(return_token_ids),
+        request_id=request.request_id,
+        token_ids=request.token_ids,
+        sampling=request.sampling_params,
+        provided=frozenset(raw_sampling) if isinstance(raw_sampling, dict) else frozenset(),
+        model=request.model,
+        output_mode=request.output_mode,
+        parse_context=None if context is None else _parse_context(context, body["parse_context"]),
+        stream=bool(request.stream),
+        return_token_ids=bool(request.return_token_ids),
         unmodelled=unmodelled,
     )
 
 
-def _token_ids(body: dict[str, Any], errs: _Errors) -> list[int] | _Bad:
-    """``token_ids: list[int] = Field(min_length=1)`` and ``validate_token_ids``."""
-    if "token_ids" not in body:
-        errs.add("missing", ("body", "token_ids"), "Field required", body)
-        return _BAD
-    value = body["token_ids"]
-    # The common case first: a list of plain ints (long prompts are cheap).
-    plain = isinstance(value, list) and all(type(t) is int for t in value)
-    ids = value if plain else _list_of(_int)(value, ("body", "token_ids"), errs)
-    if isinstance(ids, _Bad):
-        return _BAD
-    if not ids:
-        errs.add(
-            "too_short",
-            ("body", "token_ids"),
-            "List should have at least 1 item after validation, not 0",
-            value,
-            {"field_type": "List", "min_length": 1, "actual_length": 0},
-        )
-        return _BAD
-    if any(t < 0 for t in ids):
-        errs.value_error(("body", "token_ids"), "token_ids must not contain negative values", value)
-        return _BAD
-    return ids
-
-
-def _output_mode(v: Any, loc: Loc, errs: _Errors) -> str | _Bad:
-    if isinstance(v, str) and v in _OUTPUT_MODES:
-        return v
-    expected = "'tokens', 'text' or 'derender'"
-    errs.add("literal_error", loc, f"Input should be {expected}", v, {"expected": expected})
-    return _BAD
-
-
-def _reasoning_parser_kwargs(body: dict[str, Any], errs: _Errors) -> None:
-    """TP ``ReasoningParserKwargs`` (``extra="forbid"``): only ``chat_template_kwargs``."""
-    value = body.get("reasoning_parser_kwargs")
-    if value is None:
-        return
-    loc: Loc = ("body", "reasoning_parser_kwargs")
-    if not isinstance(value, dict):
-        errs.add(
-            "model_type",
-            loc,
-            "Input should be a valid dictionary or instance of ReasoningParserKwargs",
-            value,
-        )
-        return
-    for key, x in value.items():
-        if key == "chat_template_kwargs":
-            _dict(x, (*loc, key), errs)
-        else:
-            errs.add("extra_forbidden", (*loc, key), "Extra inputs are not permitted", x)
-
-
-def _parse_context(v: Any, loc: Loc, errs: _Errors) -> tuple[ParseContext, tuple[str, ...]] | _Bad:
-    """TP ``ParseContext`` (``extra="allow"``): the context and its unknown keys."""
-    if not isinstance(v, dict):
-        errs.add(
-            "model_type", loc, "Input should be a valid dictionary or instance of ParseContext", v
-        )
-        return _BAD
-    before = len(errs.items)
-    tools = _tools(v.get("tools"), (*loc, "tools"), errs) if "tools" in v else None
-    choice, named = _tool_choice(v.get("tool_choice", "none"), (*loc, "tool_choice"), errs)
-    parallel = (
-        _optional(_bool)(v["parallel_tool_calls"], (*loc, "parallel_tool_calls"), errs)
-        if "parallel_tool_calls" in v
-        else True
-    )
-    include = (
-        _bool(v["include_reasoning"], (*loc, "include_reasoning"), errs)
-        if "include_reasoning" in v
-        else True
-    )
-    kwargs = (
-        _dict(v["chat_template_kwargs"], (*loc, "chat_template_kwargs"), errs)
-        if "chat_template_kwargs" in v
-        else {}
-    )
-    count = (
-        _int(v["history_tool_call_cnt"], (*loc, "history_tool_call_cnt"), errs)
-        if ("history_tool_call_cnt" in v)
-        else 0
-    )
-    if isinstance(count, int) and count < 0:
-        errs.add(
-            "greater_than_equal",
-            (*loc, "history_tool_call_cnt"),
-            "Input should be greater than or equal to 0",
-            count,
-            {"ge": 0},
-        )
-    if len(errs.items) > before:
-        return _BAD
-    assert isinstance(count, int) and isinstance(kwargs, dict) and isinstance(include, bool)
-    context = ParseContext(
-        tools=tools if isinstance(tools, tuple) else None,
-        tool_choice=choice,
+def _parse_context(context: ParseContextModel, raw: dict[str, Any]) -> ParseContext:
+    """The validated ``ParseContext``; its tools as sent (the parsers read them)."""
+    choice = context.tool_choice
+    named = None if isinstance(choice, str) or choice is None else choice.function.name
+    return ParseContext(
+        tools=None if context.tools is None else tuple(raw["tools"]),
+        tool_choice=choice if isinstance(choice, str) else None,
         named=named,
-        parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
-        include_reasoning=include,
-        chat_template_kwargs=kwargs,
-        history_tool_call_cnt=count,
+        parallel_tool_calls=context.parallel_tool_calls,
+        include_reasoning=context.include_reasoning,
+        chat_template_kwargs=dict(context.chat_template_kwargs),
+        history_tool_call_cnt=context.history_tool_call_cnt,
     )
-    return context, tuple(sorted(k for k in v if k not in _PARSE_CONTEXT_FIELDS))
 
 
 def _tools(v: Any, loc: Loc, errs: _Errors) -> tuple[dict[str, Any], ...] | _Bad | None:
@@ -784,26 +686,6 @@ def _tools(v: Any, loc: Loc, errs: _Errors) -> tuple[dict[str, Any], ...] | _Bad
     return _BAD if len(errs.items) > before else tuple(items)
 
 
-def _tool_choice(v: Any, loc: Loc, errs: _Errors) -> tuple[str | None, str | None]:
-    """``Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None``:
-    (the literal or None, the named function or None)."""
-    if v is None or v in ("none", "auto", "required"):
-        return v, None
-    if isinstance(v, dict):
-        function = v.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
-        if isinstance(name, str) and v.get("type", "function") == "function":
-            return None, name
-    errs.add(
-        "union_tag_invalid" if isinstance(v, str) else "model_type",
-        loc,
-        "Input should be 'none', 'auto', 'required' or a named tool choice "
-        "{type: 'function', function: {name}}",
-        v,
-    )
-    return None, None
-
-
 # SamplingParams' fields in declaration order (SP L271-450), each with its
 # pydantic check. Fields not listed are ignored (unknown keys are dropped).
 _SAMPLING_FIELDS: Final[Mapping[str, tuple[Callable[[Any, Loc, _Errors], Any], Any]]] = {
@@ -849,30 +731,7 @@ _SAMPLING_FIELDS: Final[Mapping[str, tuple[Callable[[Any, Loc, _Errors], Any], A
 }
 
 
-def _sampling(raw: dict[str, Any], errs: _Errors) -> Sampling | _Bad:
-    """``SamplingParams`` from its JSON object: pydantic's typed dict, then
-    ``cls(**value)`` (``__post_init__``, ``_verify_args``; ``v1/serial_utils.py``
-    ``PydanticMsgspecMixin``). A ``VLLMValidationError`` escapes at once."""
-    loc: Loc = ("body", "sampling_params")
-    before = len(errs.items)
-    p: dict[str, Any] = {}
-    for name, (check, default) in _SAMPLING_FIELDS.items():
-        if name not in raw:
-            p[name] = default
-        elif name == "structured_outputs":
-            p[name] = _structured_outputs(raw[name], (*loc, name), errs)
-        elif name == "thinking_token_budget":
-            p[name] = _thinking_token_budget(raw[name])
-        else:
-            p[name] = check(raw[name], (*loc, name), errs)
-    if p["logit_bias"] is not None and not isinstance(p["logit_bias"], _Bad):
-        p["logit_bias"] = _logit_bias(p["logit_bias"], (*loc, "logit_bias"), errs)
-    if len(errs.items) > before:
-        return _BAD
-    return _post_init(p)
-
-
-def _thinking_token_budget(value: Any) -> int | None:
+def thinking_token_budget(value: Any) -> int | None:
     """SP ``validate_thinking_token_budget`` (a BeforeValidator raising
     ``VLLMValidationError``)."""
     if value is None:
@@ -953,7 +812,7 @@ def check_one_constraint(params: Mapping[str, Any]) -> None:
         )
 
 
-def _post_init(p: dict[str, Any]) -> Sampling:
+def post_init(p: dict[str, Any]) -> Sampling:
     """SP ``SamplingParams.__post_init__`` and ``_verify_args``, in their order."""
     temperature: float = p["temperature"]
     if 0 < temperature < _MAX_TEMP:

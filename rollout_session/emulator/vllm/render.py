@@ -71,7 +71,6 @@ from rollout_session.emulator.vllm.generate import (
     _json_body,
     _list_of,
     _optional,
-    _post_init,
     _str,
     _structured_outputs,
     _tools,
@@ -79,6 +78,7 @@ from rollout_session.emulator.vllm.generate import (
     check_cache_salt,
     check_one_constraint,
     not_modelled,
+    post_init,
     random_uuid,
     require_object,
     validation_error,
@@ -969,7 +969,7 @@ def _sampling_params(
     max_tokens: int,
 ) -> dict[str, Any]:
     """CP ``to_sampling_params`` → ``SamplingParams.from_optional`` →
-    ``__post_init__``/``_verify_args`` (`vllm_generate._post_init`'s checks),
+    ``_post_init__``/``_verify_args`` (`vllm_generate.post_init`'s checks),
     serialised as msgspec's ``omit_defaults`` does (module docstring)."""
     f = chat.f
     defaults = server.sampling_defaults
@@ -1017,7 +1017,7 @@ def _sampling_params(
         logit_bias=logit_bias,
         routed_experts_prompt_start=f["routed_experts_prompt_start"],
     )
-    sampling = _post_init(p)  # raises vLLM's refusals
+    sampling = post_init(p)  # raises vLLM's refusals
     temperature = sampling.temperature
     top_p, top_k, min_p = float(resolved["top_p"]), resolved["top_k"], float(resolved["min_p"])
     if temperature < _SAMPLING_EPS:
@@ -1150,7 +1150,7 @@ def render_chat(
     limit_name = "max_completion_tokens" if f["max_completion_tokens"] is not None else "max_tokens"
     limit = f[limit_name]
     context = server.context_length
-    if limit is not None and limit > context:  # TokenizeParams.__post_init__
+    if limit is not None and limit > context:  # TokenizeParams._post_init__
         raise validation_error(
             f"{limit_name}={limit} cannot be greater than max_model_len={context}. Please "
             "request fewer output tokens.",
