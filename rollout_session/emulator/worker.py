@@ -176,9 +176,6 @@ class Emulator:
     async def wait_for_requests(self, n: int) -> None:
         await self.wait_until(lambda: self.received >= n)
 
-    async def wait_for_completed(self, n: int) -> None:
-        await self.wait_until(lambda: self.completed >= n)
-
     async def wait_for_cancelled(self, n: int) -> None:
         await self.wait_until(lambda: self.cancelled >= n)
 

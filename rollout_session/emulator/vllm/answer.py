@@ -6,7 +6,7 @@ TS = its ``serving.py``, OD = ``renderers/online_derenderer.py``.
 - `json_tool_constraint`: the tool call a ``structured_outputs.json`` schema
   forces (the one ``tool_parsers/utils.py`` ``get_json_schema_from_tools``
   builds for ``tool_choice`` "required", or a named tool's parameters), or
-  the emulator's own structural tag (`vllm_tag`).
+  the emulator's own structural tag (`vllm.tag`).
 - `finish`: where the engine stops the model's answer: its end token (EOS,
   ``stop_reason`` null), ``stop_token_ids`` (generation_config's extra EOS
   ids included, as ``SamplingParams.update_from_generation_config`` adds
@@ -82,8 +82,8 @@ def json_tool_constraint(
     schema ``ToolParser.adjust_request`` writes for a named tool). Any other
     schema, and ``json_object``, force nothing: a response format, answered
     as the model answers (it has no JSON mode). A structural tag the
-    emulator's render route minted forces what it says (`vllm_tag`; foreign
-    tags never get here: `vllm_generate` refuses them)."""
+    emulator's render route minted forces what it says (`vllm.tag`; foreign
+    tags never get here: `vllm.generate` refuses them)."""
     if constraint is not None and constraint[0] == "structural_tag":
         tag = read_tag(constraint[1])
         return ToolConstraint() if tag is None else tag_constraint(tag)

@@ -21,7 +21,7 @@ Paths under ``vllm/``; TP =
    ``chat_request`` is a full CP ``ChatCompletionRequest``: its "before"
    validators raise ``VLLMValidationError``, which escapes the union at once
    (a 400 ``BadRequestError``, whatever else was wrong); its fields are
-   checked as on the render route (`vllm_render`).
+   checked as on the render route (`vllm.render`).
 2. DS ``ServingDerender.derender_chat_response``: ``_check_model`` (404),
    ``_validate_derender_bounds`` (choices, ids, logprob entries, top
    logprobs and prompt logprobs against ``VLLM_MAX_N_SEQUENCES``,
@@ -39,7 +39,7 @@ Paths under ``vllm/``; TP =
    at a stop string, ``check_stop_strings``; special tokens kept whenever a
    parser runs, ``_decode_params``), the parse (``_parse_and_assemble``,
    the same function ``output_mode: "derender"`` uses; here the emulator's
-   `vllm_answer.derender_message`), ``resolve_finish_reason``, the logprobs
+   `vllm.answer.derender_message`), ``resolve_finish_reason``, the logprobs
    (``_resolve_logprobs``: ids to text, the chat route's top-logprobs cut).
 
 The emulator has no parsers: it remembers what it sampled (`SampledAnswers`,

@@ -745,18 +745,6 @@ def thinking_token_budget(value: Any) -> int | None:
     return None if value == -1 else value
 
 
-def _logit_bias(value: dict[str, Any], loc: Loc, errs: _Errors) -> dict[int, float] | _Bad:
-    """``dict[int, float]``: keys are lax ints, values lax floats."""
-    out: dict[int, float] = {}
-    before = len(errs.items)
-    for key, bias in value.items():
-        token = _int(key, (*loc, f"{key}", "[key]"), errs)
-        number = _float(bias, (*loc, f"{key}"), errs)
-        if isinstance(token, int) and isinstance(number, float):
-            out[token] = number
-    return _BAD if len(errs.items) > before else out
-
-
 def _structured_outputs(v: Any, loc: Loc, errs: _Errors) -> dict[str, Any] | _Bad | None:
     """SP ``StructuredOutputsParams`` (a dataclass): its field types, then its
     ``__post_init__`` (exactly one constraint; ``VLLMValidationError``)."""
@@ -1108,7 +1096,7 @@ def _emulator_refusals(f: _Fields, server: VllmServer) -> None:
 
 def _check_tag(text: Any, server: VllmServer) -> None:
     """A structural tag is served only if the emulator's render route minted
-    it for this server's tool parser (`vllm_tag`): xgrammar's are not
+    it for this server's tool parser (`vllm.tag`): xgrammar's are not
     modelled."""
     tag = read_tag(text)
     if tag is None:

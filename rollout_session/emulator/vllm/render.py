@@ -38,7 +38,7 @@ value *is* its default object (identity, checked with msgspec 0.22): bools,
 resolves (new objects) stay, as do ``[]`` where the default is ``None``.
 
 The structural tag xgrammar would build is replaced by the emulator's own
-(`vllm_tag`). What the emulator does not model is refused (400
+(`vllm.tag`). What the emulator does not model is refused (400
 ``BadRequestError``, "the emulator does not model ..."), after vLLM's checks
 that precede rendering.
 """
@@ -911,7 +911,7 @@ def _reasoning_ended(
 ) -> bool | None:
     """CP ``resolve_reasoning_ended``: True without ``include_reasoning``;
     None without a reasoning parser; else the parser's ``is_reasoning_end``
-    over the prompt ids (`vllm_names.RenderReasoningParser`)."""
+    over the prompt ids (`vllm.names.RenderReasoningParser`)."""
     if not chat.f["include_reasoning"]:
         return True
     name = server.reasoning_parser
@@ -969,7 +969,7 @@ def _sampling_params(
     max_tokens: int,
 ) -> dict[str, Any]:
     """CP ``to_sampling_params`` → ``SamplingParams.from_optional`` →
-    ``_post_init__``/``_verify_args`` (`vllm_generate.post_init`'s checks),
+    ``_post_init__``/``_verify_args`` (`generate.post_init`'s checks),
     serialised as msgspec's ``omit_defaults`` does (module docstring)."""
     f = chat.f
     defaults = server.sampling_defaults
