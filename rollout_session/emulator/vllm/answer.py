@@ -43,15 +43,10 @@ import numpy as np
 from rollout_session.emulator.model.forced_call import ToolConstraint, array_tool_constraint
 from rollout_session.emulator.model.logprobs import rank_of
 from rollout_session.emulator.model.routed_experts import routed_experts
-from rollout_session.emulator.vllm.generate import (
-    GenerateRequest,
-    ParseContext,
-    Sampling,
-    VllmError,
-    VllmServer,
-    not_modelled,
-)
+from rollout_session.emulator.vllm.errors import VllmError, not_modelled
+from rollout_session.emulator.vllm.generate import GenerateRequest, ParseContext, VllmServer
 from rollout_session.emulator.vllm.names import KIMI_TOOL_PARSERS
+from rollout_session.emulator.vllm.sampling import Sampling
 from rollout_session.emulator.vllm.tag import read_tag, tag_constraint
 
 __all__ = [

@@ -6,7 +6,8 @@
 request into the ``GenerateRequest`` the chat route would have sampled, in
 this order:
 
-1. FastAPI + pydantic parse the body into CP ``ChatCompletionRequest``: its
+1. FastAPI + pydantic parse the body into CP ``ChatCompletionRequest``
+   (here the pydantic model of `chat_protocol`): its
    "before" model validators first (pydantic runs them last-defined first:
    ``check_generation_prompt``, ``check_tool_usage``,
    ``check_structured_outputs_count``, ``check_logprobs``,
@@ -53,47 +54,46 @@ from pathlib import Path
 from typing import Any, Final
 
 import jinja2
+from pydantic import ValidationError
 
-from rollout_session.emulator.vllm.generate import (
-    _CONSTRAINTS,
-    _SAMPLING_FIELDS,
-    Loc,
+from rollout_session.emulator.vllm.chat_protocol import (
+    CHAT_BODY,
+    ChatCompletionRequest,
+    named_tool,
+)
+from rollout_session.emulator.vllm.errors import (
     VllmError,
-    VllmServer,
-    _anything,
-    _Bad,
-    _bool,
-    _dict,
-    _Errors,
-    _float,
-    _int,
-    _int_or_str_list,
-    _json_body,
-    _list_of,
-    _optional,
-    _str,
-    _structured_outputs,
-    _tools,
-    body_error,
-    check_cache_salt,
-    check_one_constraint,
+    json_body,
     not_modelled,
-    post_init,
-    random_uuid,
-    require_object,
+    pydantic_error,
+    require_json,
     validation_error,
 )
+from rollout_session.emulator.vllm.generate import VllmServer
 from rollout_session.emulator.vllm.names import (
     RENDER_REASONING_PARSERS,
     RENDER_TOOL_PARSERS,
     RenderToolParser,
 )
+from rollout_session.emulator.vllm.sampling import (
+    CONSTRAINTS,
+    SAMPLING_DEFAULTS,
+    SAMPLING_EPS,
+    check_one_constraint,
+    post_init,
+)
 from rollout_session.emulator.vllm.tag import mint_tag
 
-__all__ = ["RENDER_PATH", "ChatTemplate", "generation_sampling_defaults", "render_chat"]
+__all__ = [
+    "RENDER_PATH",
+    "Chat",
+    "ChatTemplate",
+    "chat_request",
+    "generation_sampling_defaults",
+    "render_chat",
+]
 
 RENDER_PATH: Final = "/v1/chat/completions/render"
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # CP ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS.
 _DEFAULT_SAMPLING: Final = {
     "repetition_penalty": 1.0,
@@ -118,8 +118,6 @@ _GENERATION_KEYS: Final = (
     "skip_special_tokens",
 )
 _HF_DEFAULTS: Final = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
-_MAX_TEMP: Final = 1e-2
-_SAMPLING_EPS: Final = 1e-5
 # StructuredOutputsParams' public fields (SP), in declaration order.
 _NO_STRUCTURED_OUTPUTS: Final[Mapping[str, Any]] = {
     "json": None,
@@ -235,294 +233,6 @@ def _merge(
     }
 
 
-def _named(choice: Any) -> str | None:
-    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        return name if isinstance(name, str) else None
-    return None
-
-
-def _before_validators(data: dict[str, Any]) -> None:
-    """CP's "before" model validators, last-defined first (as pydantic runs
-    them); each raises ``VLLMValidationError``."""
-    # check_generation_prompt
-    if data.get("continue_final_message") and data.get("add_generation_prompt"):
-        raise validation_error(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
-        )
-    _check_tool_usage(data)
-    _check_structured_outputs_count(data)
-    _check_logprobs(data)
-    # validate_stream_options
-    if data.get("stream_options") and not data.get("stream"):
-        raise validation_error(
-            "Stream options can only be defined when `stream=True`.", "stream_options"
-        )
-    # validate_response_format
-    fmt = data.get("response_format")
-    if (
-        isinstance(fmt, dict)
-        and fmt.get("type") == "json_schema"
-        and fmt.get("json_schema") is None
-    ):
-        raise validation_error(
-            "When response_format type is 'json_schema', the 'json_schema' field must be provided.",
-            "response_format",
-        )
-    # _normalize_messages_before: reasoning_content is read as reasoning.
-    messages = data.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict):
-                reasoning = message.pop("reasoning_content", None)
-                if reasoning is not None and message.get("reasoning") is None:
-                    message["reasoning"] = reasoning
-    check_cache_salt(data.get("cache_salt"))  # check_cache_salt_support
-
-
-def _check_tool_usage(data: dict[str, Any]) -> None:
-    """CP ``check_tool_usage``; sets the default ``tool_choice`` "auto"."""
-    if data.get("tools") == []:
-        raise validation_error(
-            "`tools` must not be an empty array. Either provide at least one tool or omit "
-            "the field entirely.",
-            "tools",
-        )
-    if "tool_choice" not in data and data.get("tools"):
-        data["tool_choice"] = "auto"
-    choice = data.get("tool_choice")
-    if choice == "none" or choice is None:
-        return
-    if data.get("tools") is None:
-        raise validation_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
-    if choice not in ("auto", "required") and not isinstance(choice, dict):
-        raise validation_error(
-            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" '
-            'or "required" are supported.',
-            "tool_choice",
-        )
-    if not isinstance(choice, dict):
-        return
-    usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
-    function = choice.get("function")
-    if not isinstance(function, dict):
-        raise validation_error(
-            f"Invalid value for `function`: `{function}` in `tool_choice`! {usage}",
-            "tool_choice.function",
-        )
-    if "name" not in function:
-        raise validation_error(
-            f"Expected field `name` in `function` in `tool_choice`! {usage}",
-            "tool_choice.function.name",
-        )
-    name = function["name"]
-    if not isinstance(name, str) or not name:
-        raise validation_error(
-            f"Invalid `name` in `function`: `{name}` in `tool_choice`! {usage}",
-            "tool_choice.function.name",
-        )
-    tools = data["tools"] if isinstance(data["tools"], list) else []
-    if not any(
-        isinstance(t, dict)
-        and isinstance(t.get("function"), dict)
-        and t["function"].get("name") == name
-        for t in tools
-    ):
-        raise validation_error(
-            "The tool specified in `tool_choice` does not match any of the specified `tools`",
-            "tool_choice",
-        )
-
-
-def _check_structured_outputs_count(data: dict[str, Any]) -> None:
-    """CP ``check_structured_outputs_count`` (its structural-tag validation
-    aside: a user's structural tag is refused as not modelled later)."""
-    params = data.get("structured_outputs")
-    if not isinstance(params, dict):
-        return
-    count = sum(params.get(k) is not None for k in ("json", "regex", "choice"))
-    if count > 1:
-        raise validation_error(
-            "You can only use one kind of constraints for structured outputs ('json', "
-            "'regex' or 'choice')."
-        )
-    if count > 0 and data.get("tool_choice", "none") not in ("none", "auto", "required"):
-        raise validation_error(
-            "You can only either use constraints for structured outputs or tools, not both."
-        )
-
-
-def _check_logprobs(data: dict[str, Any]) -> None:
-    """CP ``check_logprobs``."""
-    if data.get("logprob_token_ids") and data.get("use_beam_search"):
-        raise validation_error(
-            "`logprob_token_ids` is not supported with beam search.", "logprob_token_ids"
-        )
-    if data.get("logprob_token_ids") and not data.get("logprobs"):
-        raise validation_error(
-            "when using `logprob_token_ids`, `logprobs` must be set to true.",
-            "logprob_token_ids",
-        )
-    for name in ("prompt_logprobs", "top_logprobs"):
-        value = data.get(name)
-        if value is not None and not isinstance(value, int | float):
-            raise validation_error(f"`{name}` must be an integer.", name, value)
-    prompt = data.get("prompt_logprobs")
-    if prompt is not None:
-        if data.get("stream") and (prompt > 0 or prompt == -1):
-            raise validation_error(
-                "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
-            )
-        if prompt < 0 and prompt != -1:
-            raise validation_error(
-                "`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", prompt
-            )
-    top = data.get("top_logprobs")
-    if top is not None:
-        if top < 0 and top != -1:
-            raise validation_error(
-                "`top_logprobs` must be a positive value or -1.", "top_logprobs", top
-            )
-        if (top == -1 or top > 0) and not data.get("logprobs"):
-            raise validation_error(
-                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
-            )
-
-
-Check = Callable[[Any, Loc, _Errors], Any]
-
-
-def _bounded(check: Check, ge: int | None = None, le: int | None = None) -> Check:
-    """An int field with pydantic's ``ge``/``le`` (``None`` passes)."""
-
-    def bounded(v: Any, loc: Loc, errs: _Errors) -> Any:
-        value = check(v, loc, errs)
-        if not isinstance(value, int) or isinstance(value, bool):
-            return value
-        if ge is not None and value < ge:
-            errs.add(
-                "greater_than_equal",
-                loc,
-                f"Input should be greater than or equal to {ge}",
-                value,
-                {"ge": ge},
-            )
-            return _Bad()
-        if le is not None and value > le:
-            errs.add(
-                "less_than_equal",
-                loc,
-                f"Input should be less than or equal to {le}",
-                value,
-                {"le": le},
-            )
-            return _Bad()
-        return value
-
-    return bounded
-
-
-def _float_map(v: Any, loc: Loc, errs: _Errors) -> Any:
-    """``dict[str, float]`` (``logit_bias``)."""
-    values = _dict(v, loc, errs)
-    if isinstance(values, _Bad):
-        return values
-    before = len(errs.items)
-    out = {key: _float(x, (*loc, key), errs) for key, x in values.items()}
-    return _Bad() if len(errs.items) > before else out
-
-
-def _top_logprobs(v: Any, loc: Loc, errs: _Errors) -> Any:
-    """``TopLogprobsParam``: null is 0."""
-    return 0 if v is None else _int(v, loc, errs)
-
-
-def _salt(v: Any, loc: Loc, errs: _Errors) -> Any:
-    value = _str(v, loc, errs)
-    if isinstance(value, str) and len(value) > 1024:
-        errs.add(
-            "string_too_long",
-            loc,
-            "String should have at most 1024 characters",
-            value,
-            {"max_length": 1024},
-        )
-        return _Bad()
-    return value
-
-
-# CP ChatCompletionRequest's fields after `messages`, in declaration order:
-# (check, default). Fields not listed are accepted and ignored (extra="allow").
-_FIELDS: Final[Mapping[str, tuple[Check, Any]]] = {
-    "model": (_optional(_str), None),
-    "frequency_penalty": (_optional(_float), None),
-    "logit_bias": (_optional(_float_map), None),
-    "logprobs": (_optional(_bool), False),
-    "top_logprobs": (_top_logprobs, 0),
-    "max_tokens": (_optional(_int), None),
-    "max_completion_tokens": (_optional(_int), None),
-    "n": (_optional(_int), 1),
-    "presence_penalty": (_optional(_float), None),
-    "response_format": (_anything, None),  # its shapes: `_response_format`
-    "seed": (_optional(_bounded(_int, _INT64_MIN, _INT64_MAX)), None),
-    "stop": (_int_or_str_list, []),
-    "stream": (_optional(_bool), False),
-    "stream_options": (_optional(_dict), None),
-    "temperature": (_optional(_float), None),
-    "top_p": (_optional(_float), None),
-    "tools": (_tools, None),
-    "tool_choice": (_anything, "none"),  # check_tool_usage read it
-    "reasoning_effort": (_anything, None),
-    "thinking_token_budget": (_anything, None),
-    "include_reasoning": (_bool, True),
-    "parallel_tool_calls": (_optional(_bool), True),
-    "user": (_optional(_str), None),
-    "use_beam_search": (_bool, False),
-    "top_k": (_optional(_int), None),
-    "min_p": (_optional(_float), None),
-    "repetition_penalty": (_optional(_float), None),
-    "watermarking": (_optional(_bool), None),
-    "length_penalty": (_float, 1.0),
-    "stop_token_ids": (_optional(_list_of(_int)), []),
-    "include_stop_str_in_output": (_bool, False),
-    "ignore_eos": (_bool, False),
-    "min_tokens": (_int, 0),
-    "skip_special_tokens": (_optional(_bool), None),
-    "spaces_between_special_tokens": (_bool, True),
-    "truncate_prompt_tokens": (_anything, None),
-    "truncation_side": (_anything, None),
-    "prompt_logprobs": (_optional(_int), None),
-    "logprob_token_ids": (_optional(_list_of(_int)), None),
-    "allowed_token_ids": (_optional(_list_of(_int)), None),
-    "bad_words": (_list_of(_str), []),
-    "echo": (_bool, False),
-    "add_generation_prompt": (_bool, True),
-    "continue_final_message": (_bool, False),
-    "add_special_tokens": (_bool, False),
-    "documents": (_anything, None),
-    "chat_template": (_optional(_str), None),
-    "chat_template_kwargs": (_optional(_dict), None),
-    "media_io_kwargs": (_optional(_dict), None),
-    "mm_processor_kwargs": (_optional(_dict), None),
-    "structured_outputs": (_structured_outputs, None),
-    "priority": (_bounded(_int, _INT64_MIN, _INT64_MAX), 0),
-    "request_id": (_str, None),
-    "session_id": (_optional(_str), None),
-    "return_tokens_as_token_ids": (_optional(_bool), None),
-    "return_token_ids": (_optional(_bool), None),
-    "return_weight_versions": (_bool, False),
-    "routed_experts_prompt_start": (_bounded(_int, 0), 0),
-    "return_token_offsets": (_optional(_bool), False),
-    "return_prompt_text": (_optional(_bool), None),
-    "mm_payload": (_anything, "tensors"),
-    "return_mm_kwargs": (_anything, None),
-    "cache_salt": (_optional(_salt), None),
-    "kv_transfer_params": (_optional(_dict), None),
-    "ec_transfer_params": (_optional(_dict), None),
-    "vllm_xargs": (_optional(_dict), None),
-    "repetition_detection": (_anything, None),
-    "stream_interval": (_optional(_bounded(_int, 1)), None),
-}
 # Fields the emulator does not model: (field, set?) -> what it would change.
 _UNMODELLED: Final[Sequence[tuple[str, Callable[[Any], bool], str]]] = (
     ("reasoning_effort", lambda v: v is not None, "reasoning_effort (template kwargs)"),
@@ -546,70 +256,33 @@ _UNMODELLED: Final[Sequence[tuple[str, Callable[[Any], bool], str]]] = (
 
 
 @dataclass
-class _Chat:
-    """The request after stage 1: its fields with pydantic's defaults."""
+class Chat:
+    """The request after stage 1: its messages and its fields with
+    pydantic's defaults (`chat_protocol.ChatCompletionRequest.fields`)."""
 
     messages: list[Any]
     f: dict[str, Any]
 
     @property
     def named(self) -> str | None:
-        return _named(self.f["tool_choice"])
+        return named_tool(self.f["tool_choice"])
 
     @property
     def tool_choice(self) -> Any:
         return self.f["tool_choice"]
 
 
-def _parse(body: Any) -> _Chat:
-    """Stage 1: CP's validators, then its fields."""
-    errs = _Errors()
-    data = copy.deepcopy(require_object(body))
-    _before_validators(data)
-    messages: Any = []
-    if "messages" not in data:
-        errs.add("missing", ("body", "messages"), "Field required", data)
-    else:
-        checked = _list_of(_anything)(data["messages"], ("body", "messages"), errs)
-        messages = checked if isinstance(checked, list) else []
-    f: dict[str, Any] = {}
-    for name, (check, default) in _FIELDS.items():
-        f[name] = check(data[name], ("body", name), errs) if name in data else default
-    errs.raise_if_any()
-    if f["request_id"] is None:
-        f["request_id"] = random_uuid()
-    tools = f["tools"]
-    f["tools"] = None if tools is None else [_dump_tool(t) for t in tools]
-    return _Chat(messages, f)
+def chat_request(request: ChatCompletionRequest) -> Chat:
+    """The validated request as stage 2 on reads it."""
+    return Chat(list(request.messages), request.fields())
 
 
-def _lax_bool(v: Any) -> Any:
-    value = _bool(v, (), _Errors())
-    return None if isinstance(value, _Bad) else value
-
-
-def _dump_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """``ChatCompletionToolsParam.model_dump()``: ``{type, function: {name,
-    description, parameters[, strict][, defer_loading]}[, defer_loading]}``
-    (its serializers drop unknown keys and unset flags; the tool's
-    ``defer_loading`` is copied to its function's)."""
-    function = tool["function"]
-    defer = None if tool.get("defer_loading") is None else _lax_bool(tool["defer_loading"])
-    dumped: dict[str, Any] = {
-        "name": function["name"],
-        "description": function.get("description"),
-        "parameters": copy.deepcopy(function.get("parameters")),
-    }
-    if function.get("strict") is not None:
-        dumped["strict"] = _lax_bool(function["strict"])
-    fn_defer = function.get("defer_loading")
-    fn_defer = defer if fn_defer is None else _lax_bool(fn_defer)
-    if fn_defer is not None:
-        dumped["defer_loading"] = fn_defer
-    out: dict[str, Any] = {"type": "function", "function": dumped}
-    if defer is not None:
-        out["defer_loading"] = defer
-    return out
+def _parse(body: Any) -> Chat:
+    """Stage 1: CP's "before" validators, then its fields (pydantic)."""
+    try:
+        return chat_request(CHAT_BODY(body))
+    except ValidationError as exc:
+        raise pydantic_error(exc) from None
 
 
 # -- 3. rendering ----------------------------------------------------------------
@@ -749,7 +422,7 @@ def _tool_params(tool: Mapping[str, Any]) -> dict[str, Any]:
     return params if params else {"type": "object", "properties": {}}
 
 
-def _json_schema(chat: _Chat, tools: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _json_schema(chat: Chat, tools: list[dict[str, Any]]) -> dict[str, Any] | None:
     """``tool_parsers/utils.py`` ``get_json_schema_from_tools`` for a chat
     request: a named function's parameters, or the "required" array (its
     tools' ``$defs`` moved to the top: popped from the request's tools)."""
@@ -810,7 +483,7 @@ class _Adjusted:
     skip_special_tokens: bool | None
 
 
-def _adjust(chat: _Chat, server: VllmServer, structured: Any, fmt: Any) -> _Adjusted:
+def _adjust(chat: Chat, server: VllmServer, structured: Any, fmt: Any) -> _Adjusted:
     """OR ``preprocess_chat``'s tail: the parsers' ``adjust_request``
     (``DelegatingParser.adjust_request``: the reasoning parser's, then
     ``_apply_structural_tag``, then the tool parser's)."""
@@ -852,7 +525,7 @@ def _adjust(chat: _Chat, server: VllmServer, structured: Any, fmt: Any) -> _Adju
 
 
 def _structural_tag(
-    chat: _Chat,
+    chat: Chat,
     parser_name: str,
     parser: RenderToolParser,
     tools: list[dict[str, Any]],
@@ -903,7 +576,7 @@ def _tag_format(structured: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _reasoning_ended(
-    chat: _Chat,
+    chat: Chat,
     server: VllmServer,
     kwargs: Mapping[str, Any],
     ids: Sequence[int],
@@ -962,7 +635,7 @@ def _always_thinks(chat_template: str) -> bool:
 
 
 def _sampling_params(
-    chat: _Chat,
+    chat: Chat,
     server: VllmServer,
     adjusted: _Adjusted,
     structured: dict[str, Any] | None,
@@ -999,7 +672,7 @@ def _sampling_params(
             )
     n = 1 if f["n"] is None else f["n"]
     logprobs = f["top_logprobs"] if f["logprobs"] else None
-    p: dict[str, Any] = {name: default for name, (_, default) in _SAMPLING_FIELDS.items()}
+    p: dict[str, Any] = dict(SAMPLING_DEFAULTS)
     p.update(
         resolved,
         n=n,
@@ -1020,7 +693,7 @@ def _sampling_params(
     sampling = post_init(p)  # raises vLLM's refusals
     temperature = sampling.temperature
     top_p, top_k, min_p = float(resolved["top_p"]), resolved["top_k"], float(resolved["min_p"])
-    if temperature < _SAMPLING_EPS:
+    if temperature < SAMPLING_EPS:
         top_p, top_k, min_p = 1.0, 0, 0.0
     stop = list(sampling.stop)
     include_stop = f["include_stop_str_in_output"]
@@ -1069,7 +742,7 @@ def _sampling_params(
 
 
 def _parse_context(
-    chat: _Chat, kwargs: Mapping[str, Any], tools: list[dict[str, Any]] | None
+    chat: Chat, kwargs: Mapping[str, Any], tools: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
     """RS ``_build_parse_context``: TP ``ParseContext.model_dump()``."""
     named = chat.named
@@ -1090,15 +763,6 @@ def _parse_context(
     }
 
 
-def _stream_options(value: Mapping[str, Any]) -> dict[str, Any]:
-    """``StreamOptions.model_dump()``: its two flags (lax bools, false by
-    default), then extra keys (``extra="allow"``)."""
-    out: dict[str, Any] = {"include_usage": False, "continuous_usage_stats": False}
-    for key, flag in value.items():
-        out[key] = _lax_bool(flag) if key in out and flag is not None else flag
-    return out
-
-
 def render_chat(
     raw: bytes,
     content_type: str,
@@ -1108,10 +772,8 @@ def render_chat(
 ) -> dict[str, Any]:
     """The ``GenerateRequest`` dump vLLM answers, or `VllmError` (its
     ``reply()`` is vLLM's error body), in vLLM's order (module docstring)."""
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if media_type != "application/json":
-        raise body_error(["Unsupported Media Type: Only 'application/json' is allowed"])
-    chat = _parse(_json_body(raw))
+    require_json(content_type)
+    chat = _parse(json_body(raw))
     f = chat.f
     # 2. ServingRender.render_chat_request
     if f["model"] and f["model"] != server.model_name:  # BaseServing._check_model
@@ -1208,9 +870,7 @@ def render_chat(
         "output_mode": "tokens",
         "parse_context": _parse_context(chat, kwargs, f["tools"]),
         "stream": stream,
-        "stream_options": _stream_options(f["stream_options"])
-        if stream and f["stream_options"] is not None
-        else None,
+        "stream_options": f["stream_options"] if stream else None,
         "cache_salt": f["cache_salt"],
         "priority": f["priority"],
         "kv_transfer_params": None,
@@ -1218,7 +878,7 @@ def render_chat(
     }
 
 
-def _refuse_unmodelled(chat: _Chat, server: VllmServer) -> None:
+def _refuse_unmodelled(chat: Chat, server: VllmServer) -> None:
     """What vLLM renders and the emulator does not model."""
     f = chat.f
     for name, is_set, what in _UNMODELLED:
@@ -1226,7 +886,7 @@ def _refuse_unmodelled(chat: _Chat, server: VllmServer) -> None:
             raise not_modelled(f"{what} on {RENDER_PATH}", name)
     structured = f["structured_outputs"]
     if structured is not None:
-        kind = next(name for name in _CONSTRAINTS if structured[name] is not None)
+        kind = next(name for name in CONSTRAINTS if structured[name] is not None)
         if kind not in ("json", "json_object"):
             raise not_modelled(
                 f"structured_outputs.{kind} on {RENDER_PATH} (only json and json_object)",

@@ -25,9 +25,9 @@ from quart_trio import QuartTrio
 
 from rollout_session.emulator.faults import Reply
 from rollout_session.emulator.vllm import weight_routes
+from rollout_session.emulator.vllm.chat_protocol import random_uuid
 from rollout_session.emulator.vllm.derender import DERENDER_PATH
-from rollout_session.emulator.vllm.generate import error_body as vllm_error_body
-from rollout_session.emulator.vllm.generate import random_uuid
+from rollout_session.emulator.vllm.errors import error_body as vllm_error_body
 from rollout_session.emulator.vllm.names import VLLM_VERSION
 from rollout_session.emulator.vllm.render import RENDER_PATH
 from rollout_session.emulator.vllm.worker import VllmWorker

@@ -37,12 +37,8 @@ from rollout_session.emulator.vllm.answer import (
     mark_whole,
     routed_experts_npy,
 )
-from rollout_session.emulator.vllm.generate import (
-    GenerateRequest,
-    VllmError,
-    check_request,
-    not_modelled,
-)
+from rollout_session.emulator.vllm.errors import VllmError, not_modelled
+from rollout_session.emulator.vllm.generate import GenerateRequest, check_request
 from rollout_session.emulator.weights import Span
 from rollout_session.emulator.worker import UNBOUNDED
 

@@ -15,23 +15,29 @@ vLLM (``entrypoints/rl/online/api_router.py``, registered only with
   given, or the requests in flight).
 
 A refused query or body is vLLM's validation error (400 ``"Bad Request"``,
-``N validation error(s):`` and pydantic's error dicts: `generate.body_error`), an ``HTTPException``
-its ``{"error": {...}}`` with the status
-phrase as type.
+``N validation error(s):`` and pydantic's error dicts of the parameters'
+types: `errors.pydantic_error`), an ``HTTPException`` its
+``{"error": {...}}`` with the status phrase as type.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final, Literal
 
 import orjson
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from rollout_session.emulator.faults import Reply
-from rollout_session.emulator.vllm.generate import Loc, _bool, _Errors, _str, body_error
-from rollout_session.emulator.vllm.generate import error_body as vllm_error_body
-from rollout_session.emulator.weights import VLLM_PAUSE_MODES, Weights
+from rollout_session.emulator.vllm.errors import (
+    VllmError,
+    body_error,
+    json_body,
+    pydantic_error,
+)
+from rollout_session.emulator.vllm.errors import error_body as vllm_error_body
+from rollout_session.emulator.weights import Weights
 
 __all__ = [
     "vllm_abort_requests",
@@ -47,34 +53,25 @@ def _json(payload: Any, status: int = 200) -> Reply:
     return Reply(status, orjson.dumps(payload))
 
 
-# -- vLLM: FastAPI query and body parameters -----------------------------------------
+class _PauseQuery(BaseModel):
+    """``pause_generation``'s query parameters (each a FastAPI ``Query()``)."""
+
+    mode: Literal["abort", "wait", "keep"] = "abort"  # PauseMode (weights.VLLM_PAUSE_MODES)
+    clear_cache: bool = True
 
 
-def _validation(errs: _Errors) -> Reply | None:
-    """``validation_exception_handler``'s 400, or None without errors."""
-    return body_error(errs.items).reply() if errs.items else None
-
-
-def _literal(value: Any, loc: Loc, errs: _Errors) -> str | None:
-    if value in VLLM_PAUSE_MODES:
-        return str(value)
-    expected = "'abort', 'wait' or 'keep'"
-    errs.add("literal_error", loc, f"Input should be {expected}", value, {"expected": expected})
-    return None
+# Built once: validating a request is one call into pydantic-core.
+_PAUSE_QUERY: Final = TypeAdapter(_PauseQuery).validate_python
+_NEW_VERSION: Final = TypeAdapter(str).validate_python
 
 
 async def vllm_pause(weights: Weights, query: Mapping[str, str]) -> Reply:
     """``pause_generation``: ``mode`` and ``clear_cache`` are query parameters."""
-    errs = _Errors()
-    mode = _literal(query["mode"], ("query", "mode"), errs) if "mode" in query else "abort"
-    clear: Any = True
-    if "clear_cache" in query:
-        clear = _bool(query["clear_cache"], ("query", "clear_cache"), errs)
-    refused = _validation(errs)
-    if refused is not None:
-        return refused
-    assert mode is not None
-    await weights.vllm_pause(mode, bool(clear))
+    try:
+        params = _PAUSE_QUERY(query)
+    except ValidationError as exc:
+        return pydantic_error(exc, ("query",)).reply()
+    await weights.vllm_pause(params.mode, params.clear_cache)
     return _json({"status": "paused"})
 
 
@@ -93,26 +90,20 @@ def vllm_weight_info(weights: Weights) -> Reply:
 
 
 def vllm_update_weight_version(weights: Weights, raw: bytes) -> Reply:
-    """``update_weight_version``: ``new_version: Annotated[str, Body(embed=True)]``."""
-    errs = _Errors()
-    body: Any = None
-    if raw.strip():
-        try:
-            body = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            errs.add("json_invalid", ("body", exc.pos), "JSON decode error", {}, {"error": exc.msg})
-        except UnicodeDecodeError as exc:
-            errs.add("json_invalid", ("body", 0), "JSON decode error", {}, {"error": str(exc)})
-    new: Any = None
-    if not errs.items:
-        if isinstance(body, dict) and "new_version" in body:
-            new = _str(body["new_version"], ("body", "new_version"), errs)
-        else:
-            errs.add("missing", ("body", "new_version"), "Field required", None)
-    refused = _validation(errs)
-    if refused is not None:
-        return refused
-    assert isinstance(new, str)
+    """``update_weight_version``: ``new_version: Annotated[str, Body(embed=True)]``
+    (FastAPI reads the key of a JSON object; anything else has none)."""
+    try:
+        body: Any = json_body(raw) if raw.strip() else None
+    except VllmError as exc:
+        return exc.reply()
+    if not (isinstance(body, dict) and "new_version" in body):
+        # FastAPI's get_missing_field_error: no input to echo.
+        missing = {"type": "missing", "loc": "body.new_version", "msg": "Field required"}
+        return body_error([{**missing, "input": "None"}]).reply()
+    try:
+        new = _NEW_VERSION(body["new_version"])
+    except ValidationError as exc:
+        return pydantic_error(exc, ("body", "new_version")).reply()
     weights.vllm_update_weight_version(new)
     return _json({"success": True, "new_version": new})
 

@@ -23,8 +23,9 @@ from rollout_session.emulator.faults import Reply
 from rollout_session.emulator.records import ChatRecord
 from rollout_session.emulator.vllm import serve_tokens
 from rollout_session.emulator.vllm.derender import Detokenizer, SampledAnswers, derender_chat
-from rollout_session.emulator.vllm.generate import VllmError, VllmServer
-from rollout_session.emulator.vllm.generate import error_body as vllm_error_body
+from rollout_session.emulator.vllm.errors import VllmError
+from rollout_session.emulator.vllm.errors import error_body as vllm_error_body
+from rollout_session.emulator.vllm.generate import VllmServer
 from rollout_session.emulator.vllm.render import (
     ChatTemplate,
     generation_sampling_defaults,
