@@ -25,12 +25,11 @@ from rollout_session.emulator.model.generation import Sample
 from rollout_session.emulator.records import ChatRecord
 from rollout_session.emulator.sglang.generate_params import (
     contract_error,
-    fastapi_error,
-    lax_true,
     sampling_error,
     structural_tag_constraint,
     tool_constraint,
 )
+from rollout_session.emulator.sglang.io_struct import check_generate, lax_true
 from rollout_session.emulator.sglang.replies import Invalid, check_priority, generate_error
 from rollout_session.emulator.sglang.sessions import SessionError, SessionTurn
 from rollout_session.emulator.sglang.worker import reported_spans, text_ids
@@ -84,11 +83,9 @@ async def _generate_checked(worker: SglangWorker, body: Any, arrival: float) -> 
     cfg = emulator.config
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    # SGLang's order: FastAPI's parse, the contract gate, then the
-    # tokenizer manager's checks (generate_params).
-    invalid = fastapi_error(body)
-    if invalid is not None:
-        raise Invalid(invalid)
+    # SGLang's order: FastAPI's parse (io_struct), the contract gate, then
+    # the tokenizer manager's checks (generate_params).
+    check_generate(body)
     contract = contract_error(body)
     if contract is not None:
         return Reply(400, orjson.dumps({"error": contract}))

@@ -4,8 +4,8 @@ A ``/generate`` request passes three checks in SGLang, in this order
 (paths under ``sglang/``):
 
 1. FastAPI parses the body into ``GenerateReqInput`` (``srt/managers/io_struct.py``,
-   a dataclass): a mistyped field is the flat 400 "Bad Request". The emulator
-   models it for the fields it honours (`fastapi_error`).
+   a dataclass): a mistyped field is the flat 400 "Bad Request" (pydantic,
+   for the fields the emulator honours: `io_struct.check_generate`).
 2. The contract gate (``srt/entrypoints/http_server.py`` ``generate_request`` →
    ``srt/entrypoints/api_contract.py`` ``generate_contract_error`` →
    ``api/v1/api_types.py`` ``decode_GenerateRequest``): serde's messages, as
@@ -33,8 +33,6 @@ from rollout_session.emulator.model.forced_call import ToolConstraint, array_too
 __all__ = [
     "SAMPLING_FIELDS",
     "contract_error",
-    "fastapi_error",
-    "lax_true",
     "sampling_error",
     "structural_tag_constraint",
     "tool_constraint",
@@ -330,75 +328,6 @@ def contract_error(body: Mapping[str, Any]) -> str | None:
             check(value)
     except _ContractError as exc:
         return str(exc)
-    return None
-
-
-# pydantic's lax booleans (what FastAPI admits before the gate sees the body).
-_LAX_BOOLS: Final = frozenset(
-    {"0", "1", "true", "false", "t", "f", "yes", "no", "y", "n", "on", "off"}
-)
-# GenerateReqInput fields that are plain `bool` / `int` (no None): null is a
-# validation error before the gate runs.
-_FASTAPI_BOOLS: Final = (
-    "stream",
-    "return_text_in_logprobs",
-    "return_routed_experts",
-    "require_reasoning",
-    "return_prompt_token_ids",
-)
-_FASTAPI_INTS: Final = ("priority", "routed_experts_start_len")
-_NULLABLE_INTS: Final = frozenset({"priority"})
-
-
-def _lax_bool(v: Any) -> bool:
-    if isinstance(v, bool) or (_is_int(v) and v in (0, 1)):
-        return True
-    return isinstance(v, str) and v.strip().lower() in _LAX_BOOLS
-
-
-def lax_true(v: Any) -> bool:
-    """`v` as pydantic reads a ``bool`` field (lax): true, 1, "true", "yes", ..."""
-    if isinstance(v, str):
-        return v.strip().lower() in ("1", "true", "t", "yes", "y", "on")
-    return v is True or (_is_int(v) and v == 1)
-
-
-def _lax_int(v: Any) -> bool:
-    if _is_int(v):
-        return True
-    if isinstance(v, float):
-        return math.isfinite(v) and v == int(v)
-    if isinstance(v, str):
-        try:
-            int(v.strip())
-        except ValueError:
-            return False
-        return True
-    return False
-
-
-def fastapi_error(body: Mapping[str, Any]) -> str | None:
-    """FastAPI's validation error (paraphrased, field first) for the
-    ``GenerateReqInput`` fields the emulator honours, or None.
-
-    pydantic is lax (``"true"`` is a boolean, ``7.0`` an integer): such
-    values pass here and the contract gate refuses them.
-    """
-    params = body.get("session_params")
-    if params is not None and not isinstance(params, dict):
-        return "session_params: Input should be a valid dictionary"
-    sampling = body.get("sampling_params")
-    if sampling is not None and not isinstance(sampling, dict | list):
-        return "sampling_params: Input should be a valid dictionary"
-    for key in _FASTAPI_BOOLS:
-        if key in body and not _lax_bool(body[key]):
-            return f"{key}: Input should be a valid boolean"
-    for key in _FASTAPI_INTS:
-        value = body.get(key)
-        if key not in body or (value is None and key in _NULLABLE_INTS):
-            continue
-        if not _lax_int(value):
-            return f"{key}: Input should be a valid integer"
     return None
 
 

@@ -10,15 +10,18 @@ flat, type "Bad Request": `validation_error`, `Invalid`), and the checks
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
+from pydantic import TypeAdapter, ValidationError
 
 from rollout_session.emulator.faults import BadRequest, Reply, error_body
 
 __all__ = ["Invalid", "check_priority", "generate_error", "opt_int", "validation_error"]
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# GenerateReqInput / ChatCompletionRequest ``priority: Optional[int]``, built once.
+_PRIORITY: Final[TypeAdapter[int | None]] = TypeAdapter(int | None)
 _PRIORITY_RANGE = (
     "priority must be a signed 64-bit integer between -9223372036854775808 and 9223372036854775807"
 )
@@ -43,14 +46,14 @@ class Invalid(BadRequest):
 
 def check_priority(body: dict[str, Any]) -> None:
     """SGLang accepts ``priority`` without --enable-priority-scheduling and ignores
-    it (``abort_on_priority_when_disabled`` is off by default); it only checks
-    the int64 range (``TokenizerManager._set_default_priority``)."""
-    value = body.get("priority")
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise Invalid("priority: Input should be a valid integer")
-    if not _INT64_MIN <= value <= _INT64_MAX:
+    it (``abort_on_priority_when_disabled`` is off by default); FastAPI reads it
+    as ``Optional[int]`` (pydantic, lax), then only the int64 range is checked
+    (``TokenizerManager._set_default_priority``)."""
+    try:
+        value = _PRIORITY.validate_python(body.get("priority"))
+    except ValidationError as exc:
+        raise Invalid(f"priority: {exc.errors(include_url=False)[0]['msg']}") from None
+    if value is not None and not _INT64_MIN <= value <= _INT64_MAX:
         raise BadRequest(_PRIORITY_RANGE)
 
 

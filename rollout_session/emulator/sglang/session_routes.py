@@ -10,42 +10,40 @@ cache. The table itself is the `Emulator`'s.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Final
 
 import orjson
 
 from rollout_session.emulator.faults import Reply
-from rollout_session.emulator.sglang.replies import generate_error, validation_error
+from rollout_session.emulator.sglang.io_struct import (
+    CloseSessionReqInput,
+    OpenSessionReqInput,
+    read_struct,
+)
+from rollout_session.emulator.sglang.replies import Invalid, generate_error
 from rollout_session.emulator.worker import Emulator
 
 __all__ = ["close_session", "open_session"]
 
+# Each struct's defaults (io_struct.py), BaseReq's first.
+_BASE: Final = {"rid": None, "http_worker_ipc": None}
+_OPEN_DEFAULTS: Final = {**_BASE, "session_id": None, "streaming": None, "timeout": None}
+
 
 def open_session(emulator: Emulator, raw: bytes) -> Reply:
     """``/open_session``: the new id as a JSON string, or SGLang's refusal."""
-    try:
-        body: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        body = None
     emulator.reap()
-    if not isinstance(body, dict):
-        return validation_error("body: Input should be a valid dictionary")
-    capacity = body.get("capacity_of_str_len")
-    if isinstance(capacity, bool) or not isinstance(capacity, int):
-        return validation_error("capacity_of_str_len: Field required (an integer)")
-    sid, streaming, timeout = body.get("session_id"), body.get("streaming"), body.get("timeout")
-    if sid is not None and not isinstance(sid, str):
-        return validation_error("session_id: Input should be a valid string")
-    if streaming is not None and not isinstance(streaming, bool):
-        return validation_error("streaming: Input should be a valid boolean")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float | None):
-        return validation_error("timeout: Input should be a valid number")
+    try:
+        body = read_struct(raw, OpenSessionReqInput, _OPEN_DEFAULTS)
+    except Invalid as exc:
+        return exc.reply()
+    streaming, timeout = body["streaming"], body["timeout"]
     if streaming and not emulator.config.enable_streaming_session:
         return generate_error(
             "Streaming sessions are disabled. Please relaunch with --enable-streaming-session."
         )
     opened = emulator.sessions.open(
-        sid, capacity, bool(streaming), None if timeout is None else float(timeout), emulator.now()
+        body["session_id"], body["capacity_of_str_len"], bool(streaming), timeout, emulator.now()
     )
     if opened is None:
         return generate_error(
@@ -61,12 +59,9 @@ def open_session(emulator: Emulator, raw: bytes) -> Reply:
 def close_session(emulator: Emulator, raw: bytes) -> Reply:
     """``/close_session``: 200 with an empty body, whether or not the id is open."""
     try:
-        body: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        body = None
-    sid = body.get("session_id") if isinstance(body, dict) else None
-    if not isinstance(sid, str):
-        return validation_error("session_id: Field required")
+        sid = read_struct(raw, CloseSessionReqInput, _BASE)["session_id"]
+    except Invalid as exc:
+        return exc.reply()
     emulator.reap()
     emulator.sessions_closed.append(sid)
     # Scheduler.close_session: with --enable-session-radix-cache the id's

@@ -28,20 +28,27 @@ dict that ignores unknown keys; a required body: an empty one is refused):
 
 A refused body is SGLang's validation error (``validation_exception_handler``:
 400, ``{"object": "error", "message", "type": "Bad Request", "param": null,
-"code": 400}``; the emulator's message names the field and pydantic's reason).
+"code": 400}``; the emulator's message names the field and pydantic's reason:
+`io_struct`, whose typed dicts pydantic validates).
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import orjson
 
-from rollout_session.emulator.faults import Reply, error_body
-from rollout_session.emulator.weights import SGLANG_PAUSE_MODES, Weights
+from rollout_session.emulator.faults import Reply
+from rollout_session.emulator.sglang.io_struct import (
+    AbortReq,
+    ContinueGenerationReqInput,
+    PauseGenerationReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightVersionReqInput,
+    read_struct,
+)
+from rollout_session.emulator.sglang.replies import Invalid
+from rollout_session.emulator.weights import Weights
 
 __all__ = [
     "sglang_abort_request",
@@ -56,134 +63,32 @@ def _json(payload: Any, status: int = 200) -> Reply:
     return Reply(status, orjson.dumps(payload))
 
 
-# -- SGLang: msgspec structs through pydantic ------------------------------------
-
-
-class _Refused(Exception):
-    """A body FastAPI refuses: SGLang's flat 400 "Bad Request"."""
-
-    def reply(self) -> Reply:
-        return Reply(400, error_body(str(self), type_="Bad Request"))
-
-
-_LAX_TRUE: Final = frozenset({"1", "on", "t", "true", "y", "yes"})
-_LAX_FALSE: Final = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-def _lax_bool(name: str, v: Any) -> bool:
-    """pydantic's lax ``bool``: true/false, 0/1, and their strings."""
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, int | float) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str) and v.strip().lower() in _LAX_TRUE | _LAX_FALSE:
-        return v.strip().lower() in _LAX_TRUE
-    raise _Refused(f"{name}: Input should be a valid boolean")
-
-
-def _lax_int(name: str, v: Any) -> int:
-    """pydantic's lax ``int``: ints, integral floats, integer strings."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
-        return int(v)
-    if isinstance(v, str):
-        try:
-            return int(v.strip())
-        except ValueError:
-            pass
-    raise _Refused(f"{name}: Input should be a valid integer")
-
-
-def _strict_str(name: str, v: Any) -> str:
-    if not isinstance(v, str):
-        raise _Refused(f"{name}: Input should be a valid string")
-    return v
-
-
-def _opt_str(name: str, v: Any) -> str | None:
-    return None if v is None else _strict_str(name, v)
-
-
-def _opt_dict(name: str, v: Any) -> dict[str, Any] | None:
-    if v is not None and not isinstance(v, dict):
-        raise _Refused(f"{name}: Input should be a valid dictionary")
-    return v
-
-
-# field → (reader, default); `_REQUIRED` when the field has none.
-_REQUIRED: Final = object()
-_BASE_FIELDS: Final[dict[str, tuple[Callable[[str, Any], Any], Any]]] = {
-    "rid": (_opt_str, None),
-    "http_worker_ipc": (_opt_str, None),
-}
-
-
-def _struct(
-    raw: bytes, fields: Mapping[str, tuple[Callable[[str, Any], Any], Any]]
-) -> dict[str, Any]:
-    """A required ``Body()`` of a ``BaseReq`` subclass: the body must be a
-    JSON object; unknown keys are ignored, missing ones take their default."""
-    if not raw.strip():
-        raise _Refused("body: Field required")
-    try:
-        body: Any = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _Refused(f"body: JSON decode error ({exc})") from None
-    if not isinstance(body, dict):
-        raise _Refused("body: Input should be a valid dictionary")
-    out: dict[str, Any] = {}
-    for name, (read, default) in {**_BASE_FIELDS, **fields}.items():
-        if name not in body:
-            if default is _REQUIRED:
-                raise _Refused(f"{name}: Field required")
-            out[name] = default
-            continue
-        value = body[name]
-        if value is None and default is None:
-            out[name] = None
-            continue
-        out[name] = read(name, value)
-    return out
-
-
-def _mode(name: str, v: Any) -> str:
-    if v not in SGLANG_PAUSE_MODES:
-        raise _Refused(f"{name}: Input should be 'abort', 'retract' or 'in_place'")
-    return str(v)
-
-
-_UPDATE_WEIGHT_VERSION: Final = {
-    "new_version": (_strict_str, _REQUIRED),
-    "abort_all_requests": (_lax_bool, True),
-}
+# Each struct's defaults (io_struct.py), BaseReq's first.
+_BASE: Final = {"rid": None, "http_worker_ipc": None}
+_UPDATE_WEIGHT_VERSION: Final = {**_BASE, "abort_all_requests": True}
 _UPDATE_FROM_DISK: Final = {
-    "model_path": (_strict_str, _REQUIRED),
-    "load_format": (_opt_str, None),
-    "abort_all_requests": (_lax_bool, False),
-    "weight_version": (_opt_str, None),
-    "is_async": (_lax_bool, False),
-    "torch_empty_cache": (_lax_bool, False),
-    "keep_pause": (_lax_bool, False),
-    "recapture_cuda_graph": (_lax_bool, False),
-    "token_step": (_lax_int, 0),
-    "flush_cache": (_lax_bool, True),
-    "manifest": (_opt_dict, None),
+    **_BASE,
+    "load_format": None,
+    "abort_all_requests": False,
+    "weight_version": None,
+    "is_async": False,
+    "torch_empty_cache": False,
+    "keep_pause": False,
+    "recapture_cuda_graph": False,
+    "token_step": 0,
+    "flush_cache": True,
+    "manifest": None,
 }
-_PAUSE: Final = {"mode": (_mode, "abort")}
-_CONTINUE: Final = {"torch_empty_cache": (_lax_bool, True)}
-_ABORT: Final = {
-    "abort_all": (_lax_bool, False),
-    "finished_reason": (_opt_dict, None),
-    "abort_message": (_opt_str, None),
-}
+_PAUSE: Final = {**_BASE, "mode": "abort"}
+_CONTINUE: Final = {**_BASE, "torch_empty_cache": True}
+_ABORT: Final = {**_BASE, "abort_all": False, "finished_reason": None, "abort_message": None}
 
 
 def sglang_update_weight_version(weights: Weights, raw: bytes) -> Reply:
     """http_server ``update_weight_version``."""
     try:
-        body = _struct(raw, _UPDATE_WEIGHT_VERSION)
-    except _Refused as exc:
+        body = read_struct(raw, UpdateWeightVersionReqInput, _UPDATE_WEIGHT_VERSION)
+    except Invalid as exc:
         return exc.reply()
     new = body["new_version"]
     weights.sglang_update_weight_version(new, body["abort_all_requests"])
@@ -195,8 +100,8 @@ def sglang_update_weight_version(weights: Weights, raw: bytes) -> Reply:
 async def sglang_update_weights_from_disk(weights: Weights, raw: bytes) -> Reply:
     """http_server ``update_weights_from_disk``: 200, or 400 when it failed."""
     try:
-        body = _struct(raw, _UPDATE_FROM_DISK)
-    except _Refused as exc:
+        body = read_struct(raw, UpdateWeightFromDiskReqInput, _UPDATE_FROM_DISK)
+    except Invalid as exc:
         return exc.reply()
     success, message = await weights.sglang_update_from_disk(
         body["model_path"],
@@ -212,8 +117,8 @@ async def sglang_update_weights_from_disk(weights: Weights, raw: bytes) -> Reply
 async def sglang_pause_generation(weights: Weights, raw: bytes) -> Reply:
     """http_server ``pause_generation``."""
     try:
-        body = _struct(raw, _PAUSE)
-    except _Refused as exc:
+        body = read_struct(raw, PauseGenerationReqInput, _PAUSE)
+    except Invalid as exc:
         return exc.reply()
     await weights.sglang_pause(body["mode"])
     return _json({"message": "Generation paused successfully.", "status": "ok"})
@@ -222,8 +127,8 @@ async def sglang_pause_generation(weights: Weights, raw: bytes) -> Reply:
 def sglang_continue_generation(weights: Weights, raw: bytes) -> Reply:
     """http_server ``continue_generation``."""
     try:
-        _struct(raw, _CONTINUE)
-    except _Refused as exc:
+        read_struct(raw, ContinueGenerationReqInput, _CONTINUE)
+    except Invalid as exc:
         return exc.reply()
     weights.sglang_continue()
     return _json({"message": "Generation continued successfully.", "status": "ok"})
@@ -232,8 +137,8 @@ def sglang_continue_generation(weights: Weights, raw: bytes) -> Reply:
 def sglang_abort_request(weights: Weights, raw: bytes) -> Reply:
     """http_server ``abort_request``: 200 with an empty body."""
     try:
-        body = _struct(raw, _ABORT)
-    except _Refused as exc:
+        body = read_struct(raw, AbortReq, _ABORT)
+    except Invalid as exc:
         return exc.reply()
     weights.sglang_abort_request(body["rid"] or "", body["abort_all"])
     return Reply(200, b"", content_type="text/plain")

@@ -19,7 +19,7 @@ from rollout_session.emulator.faults import BadRequest, Reply
 from rollout_session.emulator.model.forced_call import ToolConstraint
 from rollout_session.emulator.model.generation import Sample
 from rollout_session.emulator.sglang.answer import routed_experts_blob
-from rollout_session.emulator.sglang.generate_params import lax_true
+from rollout_session.emulator.sglang.io_struct import lax_true
 from rollout_session.emulator.sglang.parse_memo import ParseMemo
 from rollout_session.emulator.sglang.replies import opt_int
 from rollout_session.emulator.weights import ABORTED, WAITING_ABORTED, Run, Span
