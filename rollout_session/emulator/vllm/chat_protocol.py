@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
@@ -40,11 +41,13 @@ from rollout_session.emulator.vllm.sampling import (
 
 __all__ = [
     "CHAT_BODY",
+    "Chat",
     "ChatCompletionNamedToolChoiceParam",
     "ChatCompletionRequest",
     "ChatCompletionToolsParam",
     "FunctionDefinition",
     "StreamOptions",
+    "chat_request",
     "check_cache_salt",
     "named_tool",
     "random_uuid",
@@ -397,6 +400,28 @@ class ChatCompletionRequest(BaseModel):
         data = copy.deepcopy(data)
         before_validators(data)
         return data
+
+
+@dataclass
+class Chat:
+    """The request after stage 1: its messages and its fields with
+    pydantic's defaults (`chat_protocol.ChatCompletionRequest.fields`)."""
+
+    messages: list[Any]
+    f: dict[str, Any]
+
+    @property
+    def named(self) -> str | None:
+        return named_tool(self.f["tool_choice"])
+
+    @property
+    def tool_choice(self) -> Any:
+        return self.f["tool_choice"]
+
+
+def chat_request(request: ChatCompletionRequest) -> Chat:
+    """The validated request as stage 2 on reads it."""
+    return Chat(list(request.messages), request.fields())
 
 
 # Built once: validating a body is one call into pydantic-core.

@@ -67,6 +67,7 @@ from pydantic import ValidationError
 from rollout_session.emulator.faults import Reply
 from rollout_session.emulator.vllm import token_protocol
 from rollout_session.emulator.vllm.answer import Decode, Outcome, derender_message
+from rollout_session.emulator.vllm.chat_protocol import Chat, chat_request
 from rollout_session.emulator.vllm.errors import (
     VllmError,
     body_error,
@@ -76,7 +77,6 @@ from rollout_session.emulator.vllm.errors import (
 )
 from rollout_session.emulator.vllm.generate import ParseContext, VllmServer
 from rollout_session.emulator.vllm.names import VLLM_MAX_LOGPROBS
-from rollout_session.emulator.vllm.render import Chat, chat_request
 from rollout_session.emulator.vllm.sampling import VLLM_MAX_N_SEQUENCES
 
 if TYPE_CHECKING:

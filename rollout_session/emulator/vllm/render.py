@@ -19,15 +19,14 @@ this order:
 3. OR ``render_chat``: tool_choice without a tool parser, a request chat
    template, per-request multimodal kwargs, ``max_tokens`` over the context
    (``renderers/params.py`` ``TokenizeParams``); the template
-   (``renderers/hf.py`` ``safe_apply_chat_template``, ``tokenize=False``),
-   then tokenization without special tokens (``build_tok_params``:
-   ``add_special_tokens`` is the request's, false by default), the prompt
-   length; then the parsers' ``adjust_request`` (``preprocess_chat``):
-   ``DelegatingParser._apply_structural_tag`` and the tool parser's JSON
-   schema (``parser/abstract_parser.py``, ``tool_parsers/abstract_tool_parser.py``),
-   ``skip_special_tokens``.
+   (``renderers/hf.py`` ``safe_apply_chat_template``, ``tokenize=False``:
+   `hf_renderer`), then tokenization without special tokens
+   (``build_tok_params``: ``add_special_tokens`` is the request's, false by
+   default), the prompt length; then the parsers' ``adjust_request``
+   (``preprocess_chat``: `adjust_request`).
 4. RS: ``get_max_tokens``, ``to_sampling_params`` (``SamplingParams``'
-   checks), ``reasoning_ended``, the ``ParseContext``.
+   checks: `sampling.post_init`), ``reasoning_ended`` (`reasoning_end`),
+   the ``ParseContext``.
 
 The answer is ``GenerateRequest.model_dump()`` (TP
 ``entrypoints/scale_out/token_in_token_out/protocol.py``; fields in its
@@ -39,7 +38,7 @@ value *is* its default object (identity, checked with msgspec 0.22): bools,
 resolves (new objects) stay, as do ``[]`` where the default is ``None``.
 
 The structural tag xgrammar would build is replaced by the emulator's own
-(`vllm.tag`). What the emulator does not model is refused (400
+(`tag`). What the emulator does not model is refused (400
 ``BadRequestError``, "the emulator does not model ..."), after vLLM's checks
 that precede rendering.
 """
@@ -49,18 +48,18 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import jinja2
 from pydantic import ValidationError
 
-from rollout_session.emulator.vllm.chat_protocol import (
-    CHAT_BODY,
-    ChatCompletionRequest,
-    named_tool,
+from rollout_session.emulator.vllm.adjust_request import (
+    Adjusted,
+    adjust,
+    extract,
+    response_format,
 )
+from rollout_session.emulator.vllm.chat_protocol import CHAT_BODY, Chat, chat_request
 from rollout_session.emulator.vllm.errors import (
     VllmError,
     json_body,
@@ -70,28 +69,17 @@ from rollout_session.emulator.vllm.errors import (
     validation_error,
 )
 from rollout_session.emulator.vllm.generate import VllmServer
-from rollout_session.emulator.vllm.names import (
-    RENDER_REASONING_PARSERS,
-    RENDER_TOOL_PARSERS,
-    RenderToolParser,
-)
+from rollout_session.emulator.vllm.hf_renderer import ChatTemplate, conversation
+from rollout_session.emulator.vllm.names import RENDER_REASONING_PARSERS, RENDER_TOOL_PARSERS
+from rollout_session.emulator.vllm.reasoning_end import reasoning_ended
 from rollout_session.emulator.vllm.sampling import (
     CONSTRAINTS,
     SAMPLING_DEFAULTS,
     SAMPLING_EPS,
-    check_one_constraint,
     post_init,
 )
-from rollout_session.emulator.vllm.tag import mint_tag
 
-__all__ = [
-    "RENDER_PATH",
-    "Chat",
-    "ChatTemplate",
-    "chat_request",
-    "generation_sampling_defaults",
-    "render_chat",
-]
+__all__ = ["RENDER_PATH", "generation_sampling_defaults", "render_chat"]
 
 RENDER_PATH: Final = "/v1/chat/completions/render"
 # CP ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS.
@@ -118,28 +106,6 @@ _GENERATION_KEYS: Final = (
     "skip_special_tokens",
 )
 _HF_DEFAULTS: Final = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
-# StructuredOutputsParams' public fields (SP), in declaration order.
-_NO_STRUCTURED_OUTPUTS: Final[Mapping[str, Any]] = {
-    "json": None,
-    "regex": None,
-    "choice": None,
-    "grammar": None,
-    "json_object": None,
-    "disable_any_whitespace": False,
-    "disable_additional_properties": False,
-    "whitespace_pattern": None,
-    "structural_tag": None,
-}
-# Reasoning markers and turn boundaries of the parsers modelled
-# (parser/qwen3.py THINK_*, TOOL_CALL_START, CHATML_TURN_BOUNDARIES;
-# parser/glm47_moe.py GLM_TURN_BOUNDARIES).
-_THINK: Final = ("<think>", "</think>")
-_TOOL_CALL_START: Final = "<tool_call>"
-_BOUNDARIES: Final = {
-    "qwen3": ("<|im_start|>", "<|im_end|>"),
-    "glm": ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
-}
-_ROLES: Final = ("system", "user", "assistant", "tool")
 # A serialised field kept whatever its value (`_sampling_params`).
 _ALWAYS: Final = object()
 # validate_request_mm_kwargs: what each per-request kwarg could change.
@@ -164,60 +130,6 @@ def generation_sampling_defaults(model_dir: str | Path) -> dict[str, Any]:
     if "max_new_tokens" in out:
         out["max_tokens"] = out.pop("max_new_tokens")
     return out
-
-
-class ChatTemplate:
-    """The worker's tokenizer and chat template, as vLLM's HF renderer uses them."""
-
-    def __init__(self, tokenizer: Any, chat_template: str) -> None:
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template
-        self._vocab: dict[str, int] | None = None
-
-    def render(
-        self,
-        conversation: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
-    ) -> str:
-        """``safe_apply_chat_template`` with ``tokenize=False``; a template
-        that raises is vLLM's 400 with the template's own reason."""
-        try:
-            text = self.tokenizer.apply_chat_template(
-                conversation,
-                tools=tools,
-                chat_template=self.chat_template,
-                tokenize=False,
-                **kwargs,
-            )
-        except Exception as exc:
-            # safe_apply_chat_template: any failure is a VLLMValidationError
-            # carrying the template's reason (_template_error_reason).
-            raise VllmError(_template_reason(exc)) from None
-        if not isinstance(text, str):
-            raise VllmError(f"the chat template returned {type(text).__name__}, not text")
-        return text
-
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def token_id(self, token: str) -> int | None:
-        if self._vocab is None:
-            self._vocab = dict(self.tokenizer.get_vocab())
-        return self._vocab.get(token)
-
-
-def _template_reason(exc: BaseException) -> str:
-    """``renderers/hf.py`` ``_template_error_reason``: the first jinja error
-    in the cause chain, else the exception's text."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, jinja2.TemplateError):
-            return str(current)
-        current = current.__cause__ or current.__context__
-    return str(exc)
 
 
 # -- 1. the body -------------------------------------------------------------
@@ -255,28 +167,6 @@ _UNMODELLED: Final[Sequence[tuple[str, Callable[[Any], bool], str]]] = (
 )
 
 
-@dataclass
-class Chat:
-    """The request after stage 1: its messages and its fields with
-    pydantic's defaults (`chat_protocol.ChatCompletionRequest.fields`)."""
-
-    messages: list[Any]
-    f: dict[str, Any]
-
-    @property
-    def named(self) -> str | None:
-        return named_tool(self.f["tool_choice"])
-
-    @property
-    def tool_choice(self) -> Any:
-        return self.f["tool_choice"]
-
-
-def chat_request(request: ChatCompletionRequest) -> Chat:
-    """The validated request as stage 2 on reads it."""
-    return Chat(list(request.messages), request.fields())
-
-
 def _parse(body: Any) -> Chat:
     """Stage 1: CP's "before" validators, then its fields (pydantic)."""
     try:
@@ -285,359 +175,13 @@ def _parse(body: Any) -> Chat:
         raise pydantic_error(exc) from None
 
 
-# -- 3. rendering ----------------------------------------------------------------
-
-
-def _text(content: Any, where: str) -> str:
-    """A message's content as vLLM's "string" content format renders it: a
-    string, null as "", text parts joined with newlines."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                texts.append(part["text"])
-            else:
-                raise not_modelled(f"content parts other than text ({where})", "messages")
-        return "\n".join(texts)
-    raise not_modelled(f"message content that is not text ({where})", "messages")
-
-
-def _arguments(value: Any) -> dict[str, Any]:
-    """``_postprocess_messages``: a tool call's arguments as the dict
-    templates expect (an unreadable or non-object string is ``{}``)."""
-    if not value:
-        return {}
-    parsed = value
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = None
-    return parsed if isinstance(parsed, dict) else {}
-
-
-def _conversation(messages: list[Any]) -> list[dict[str, Any]]:
-    """``renderers/chat_utils/chat_message.py`` ``parse_chat_messages`` for
-    text messages: role, content, an assistant's tool calls (arguments as
-    dicts) and reasoning (also as ``reasoning_content``), a tool message's
-    ``tool_call_id``, ``name``."""
-    conversation = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        role = message.get("role") if isinstance(message, dict) else None
-        if role not in _ROLES:
-            raise not_modelled(
-                f"{where}: it renders messages of role {', '.join(_ROLES)}", "messages"
-            )
-        assert isinstance(message, dict)
-        out: dict[str, Any] = {"role": role, "content": _text(message.get("content"), where)}
-        if role == "assistant":
-            calls = message.get("tool_calls")
-            if calls is not None:
-                if not isinstance(calls, list):
-                    raise not_modelled(f"{where}: tool_calls that are not a list", "messages")
-                if calls:
-                    out["tool_calls"] = [_tool_call(call) for call in calls]
-            reasoning = message.get("reasoning")
-            if reasoning is not None:
-                if not isinstance(reasoning, str):
-                    raise not_modelled(f"{where}: reasoning that is not text", "messages")
-                out["reasoning"] = out["reasoning_content"] = reasoning
-        elif role == "tool" and "tool_call_id" in message:
-            out["tool_call_id"] = message["tool_call_id"]
-        if isinstance(message.get("name"), str):
-            out["name"] = message["name"]
-        conversation.append(out)
-    return conversation
-
-
-def _tool_call(call: Any) -> dict[str, Any]:
-    if not isinstance(call, dict):
-        raise validation_error("assistant tool_calls entries must be objects.", "tool_calls")
-    function = call.get("function")
-    if call.get("type", "function") != "function" or not isinstance(function, dict):
-        raise validation_error(
-            "chat completions only support assistant tool_calls of type 'function'.",
-            "tool_calls",
-        )
-    out = copy.deepcopy(call)
-    out["function"]["arguments"] = _arguments(function.get("arguments"))
-    return out
-
-
-# -- 3b. adjust_request ------------------------------------------------------------
-
-
-def _response_format(value: Any) -> dict[str, Any] | None:
-    """The ``response_format`` shapes modelled: ``text``, ``json_object``,
-    ``json_schema`` with ``{name, schema}``."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        kind = value.get("type")
-        if kind in ("text", "json_object"):
-            return {"type": kind}
-        spec = value.get("json_schema")
-        if (
-            kind == "json_schema"
-            and isinstance(spec, dict)
-            and isinstance(spec.get("name"), str)
-            and (spec.get("schema") is None or isinstance(spec["schema"], dict))
-        ):
-            return {"type": kind, "schema": spec.get("schema")}
-        if kind == "structural_tag":
-            raise not_modelled("response_format structural_tag", "response_format")
-    raise not_modelled(
-        "a response_format other than text, json_object or json_schema {name, schema}",
-        "response_format",
-    )
-
-
-def _extract(
-    structured: Mapping[str, Any] | None, fmt: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """``structured_outputs_from_response_format``: the response format
-    overrides the request's structured outputs (``dataclasses.replace``)."""
-    if fmt is None or fmt["type"] == "text":
-        return None if structured is None else dict(structured)
-    override = {"json_object": True} if fmt["type"] == "json_object" else {"json": fmt["schema"]}
-    params = {**(structured or _NO_STRUCTURED_OUTPUTS), **override}
-    check_one_constraint(params)
-    return params
-
-
-def _tool_params(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """``_params_or_empty_object``."""
-    params = tool["function"].get("parameters")
-    return params if params else {"type": "object", "properties": {}}
-
-
-def _json_schema(chat: Chat, tools: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """``tool_parsers/utils.py`` ``get_json_schema_from_tools`` for a chat
-    request: a named function's parameters, or the "required" array (its
-    tools' ``$defs`` moved to the top: popped from the request's tools)."""
-    named = chat.named
-    if named is not None:
-        tool = next(t for t in tools if t["function"]["name"] == named)  # checked in stage 1
-        return _tool_params(tool)
-    if chat.tool_choice != "required":
-        return None
-    items = [
-        {
-            "properties": {
-                "name": {"type": "string", "enum": [t["function"]["name"]]},
-                "parameters": _tool_params(t),
-            },
-            "required": ["name", "parameters"],
-        }
-        for t in tools
-    ]
-    schema: dict[str, Any] = {
-        "type": "array",
-        "minItems": 1,
-        "items": {"type": "object", "anyOf": items},
-    }
-    if chat.f["parallel_tool_calls"] is False:
-        schema["maxItems"] = 1
-    defs: dict[str, Any] = {}
-    for tool in tools:
-        params = tool["function"].get("parameters")
-        if params is None:
-            continue
-        found = params.pop("$defs", {})
-        name = tool["function"]["name"]
-        if not isinstance(found, dict):
-            raise validation_error(
-                f"`$defs` in the parameters of tool '{name}' must be an object, got "
-                f"{type(found).__name__}.",
-                "tools",
-            )
-        for key, value in found.items():
-            if key in defs and defs[key] != value:
-                raise validation_error(
-                    f"Tool definition '{key}' has multiple schemas, which is not supported.",
-                    "tools",
-                )
-            defs[key] = value
-    if defs:
-        schema["$defs"] = defs
-    return schema
-
-
-@dataclass
-class _Adjusted:
-    """What ``adjust_request`` left in the request."""
-
-    structured_outputs: dict[str, Any] | None
-    response_format: dict[str, Any] | None
-    skip_special_tokens: bool | None
-
-
-def _adjust(chat: Chat, server: VllmServer, structured: Any, fmt: Any) -> _Adjusted:
-    """OR ``preprocess_chat``'s tail: the parsers' ``adjust_request``
-    (``DelegatingParser.adjust_request``: the reasoning parser's, then
-    ``_apply_structural_tag``, then the tool parser's)."""
-    out = _Adjusted(structured, fmt, chat.f["skip_special_tokens"])
-    tool_name, reasoning_name = server.tool_call_parser, server.reasoning_parser
-    choice = chat.tool_choice
-    if (tool_name is None and reasoning_name is None) or (
-        reasoning_name is None and choice == "none"
-    ):
-        return out
-    if reasoning_name is not None and RENDER_REASONING_PARSERS[reasoning_name].engine:
-        out.skip_special_tokens = False
-    if tool_name is None:
-        return out
-    parser = RENDER_TOOL_PARSERS[tool_name]
-    tools = chat.f["tools"]
-    if tools and (choice in ("auto", "required") or chat.named is not None):
-        tag = _structural_tag(chat, tool_name, parser, tools, _extract(structured, fmt))
-        if tag is not None:
-            out.structured_outputs = {**_NO_STRUCTURED_OUTPUTS, "structural_tag": tag}
-            out.response_format = None
-    # The tool parser's adjust_request.
-    if (
-        tools
-        and parser.json_schema
-        and not (
-            out.structured_outputs and out.structured_outputs.get("structural_tag") is not None
-        )
-    ):
-        schema = _json_schema(chat, tools)
-        if schema is not None:
-            out.structured_outputs = {**_NO_STRUCTURED_OUTPUTS, "json": schema}
-            out.response_format = None
-    if parser.skip_special == "always" or (
-        parser.skip_special == "with_tools" and tools and choice != "none"
-    ):
-        out.skip_special_tokens = False
-    return out
-
-
-def _structural_tag(
-    chat: Chat,
-    parser_name: str,
-    parser: RenderToolParser,
-    tools: list[dict[str, Any]],
-    structured: dict[str, Any] | None,
-) -> str | None:
-    """``DelegatingParser._apply_structural_tag`` with the emulator's tag:
-    whether ``resolve_tool_strictness`` keeps the tools (not for "auto" at
-    strict level AUTO without a strict tool; ``parallel_tool_calls: false``
-    raises the level to FUNCTION unless "auto" has a structured output;
-    glm45/glm47 default to FUNCTION), and "auto"'s structured output folded
-    in (``OrFormat``)."""
-    if not parser.structural_tag:
-        return None
-    is_auto = chat.tool_choice == "auto"
-    single = chat.f["parallel_tool_calls"] is False
-    function_level = parser.function_level or (single and not (is_auto and structured is not None))
-    strict = [t["function"]["name"] for t in tools if t["function"].get("strict") is True]
-    if is_auto and not function_level and not strict:
-        return None
-    fmt: dict[str, Any] | None = None
-    if is_auto and structured is not None:
-        fmt = _tag_format(structured)
-    return mint_tag(
-        parser=parser_name,
-        tools=[t["function"]["name"] for t in tools],
-        tool_choice=None if chat.named is not None else str(chat.tool_choice),
-        named=chat.named,
-        strict=strict,
-        stop_after_first=single,
-        response_format=fmt,
-    )
-
-
-def _tag_format(structured: Mapping[str, Any]) -> dict[str, Any]:
-    """``structured_outputs_to_format`` for the outputs modelled."""
-    if structured.get("json_object"):
-        return {"json_object": True}
-    schema = structured.get("json")
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise VllmError(f"structured_outputs.json is not JSON: {exc}") from None
-    return {"json": schema}
-
-
 # -- 4. the answer -----------------------------------------------------------------
-
-
-def _reasoning_ended(
-    chat: Chat,
-    server: VllmServer,
-    kwargs: Mapping[str, Any],
-    ids: Sequence[int],
-    template: ChatTemplate,
-) -> bool | None:
-    """CP ``resolve_reasoning_ended``: True without ``include_reasoning``;
-    None without a reasoning parser; else the parser's ``is_reasoning_end``
-    over the prompt ids (`vllm.names.RenderReasoningParser`)."""
-    if not chat.f["include_reasoning"]:
-        return True
-    name = server.reasoning_parser
-    if name is None:
-        return None
-    reads = RENDER_REASONING_PARSERS[name].reads
-    start, end = (template.token_id(t) for t in _THINK)
-    if reads == "think_if_thinking":
-        if not (bool(kwargs.get("thinking", False)) or bool(kwargs.get("enable_thinking", False))):
-            return True  # IdentityReasoningParser
-        reads = "think"
-    if reads == "think":  # BaseThinkingReasoningParser.is_reasoning_end
-        for token in reversed(ids):
-            if token == start:
-                return False
-            if token == end:
-                return True
-        return False
-    if reads == "qwen3":  # Qwen3Parser: thinking unless enable_thinking is off
-        thinking = bool(kwargs.get("enable_thinking", True))
-    else:  # Glm47MoeParser
-        flags = (kwargs.get("thinking"), kwargs.get("enable_thinking"))
-        if False in flags and _always_thinks(template.chat_template):
-            flags = (None, None)
-        thinking = flags == (None, None) or bool(flags[0]) or bool(flags[1])
-    if not thinking:  # not waiting for reasoning: ended
-        return True
-    ends = {template.token_id(_THINK[1]), template.token_id(_TOOL_CALL_START)} - {None}
-    bounds = {template.token_id(t) for t in _BOUNDARIES[reads]} - {None}
-    for token in reversed(ids):  # ParserEngine.is_reasoning_end
-        if token in ends:
-            return True
-        if token == start or token in bounds:
-            return False
-    return False
-
-
-def _always_thinks(chat_template: str) -> bool:
-    """``parser/glm47_moe.py`` ``_glm53_always_thinks``."""
-    return (
-        "[gMASK]<sop>" in chat_template
-        and "Reasoning Effort:" in chat_template
-        and "enable_thinking" not in chat_template
-        and "<tool_call>" in chat_template
-        and "<arg_key>" in chat_template
-        and "<arg_value>" in chat_template
-    )
 
 
 def _sampling_params(
     chat: Chat,
     server: VllmServer,
-    adjusted: _Adjusted,
+    adjusted: Adjusted,
     structured: dict[str, Any] | None,
     max_tokens: int,
 ) -> dict[str, Any]:
@@ -821,7 +365,7 @@ def render_chat(
         )
     _refuse_unmodelled(chat, server)
     structured_in = f["structured_outputs"]
-    fmt = _response_format(f["response_format"])
+    fmt = response_format(f["response_format"])
     # build_chat_params: the effective template kwargs (parse_context's), then
     # with_defaults({tools, tokenize}) for rendering (None and "auto" dropped).
     kwargs = (kwargs_in or {}) | {
@@ -834,8 +378,8 @@ def render_chat(
         raise not_modelled("chat_template_kwargs.tokenize", "chat_template_kwargs")
     rendering.pop("return_dict", None)
     render_tools = rendering.pop("tools", None)
-    conversation = _conversation(chat.messages)
-    text = template.render(conversation, render_tools, rendering)
+    messages = conversation(chat.messages)
+    text = template.render(messages, render_tools, rendering)
     ids = template.encode(text, f["add_special_tokens"])
     if len(ids) > context:  # TokenizeParams._token_len_check (encoded to context + 1)
         count = context + 1
@@ -846,13 +390,13 @@ def render_chat(
             "input_tokens",
             count,
         )
-    adjusted = _adjust(chat, server, structured_in, fmt)
+    adjusted = adjust(chat, server, structured_in, fmt)
     # 4. back in render_chat_request
     if not ids:
         raise VllmError("No token_ids rendered")
     fallback = limit if limit is not None else server.sampling_defaults.get("max_tokens")
     max_tokens = min(v for v in (context - len(ids), fallback) if v is not None)
-    structured = _extract(adjusted.structured_outputs, adjusted.response_format)
+    structured = extract(adjusted.structured_outputs, adjusted.response_format)
     sampling = _sampling_params(chat, server, adjusted, structured, max_tokens)
     reasoning = None if server.reasoning_parser is None else {"chat_template_kwargs": dict(kwargs)}
     stream = bool(f["stream"])
@@ -864,7 +408,7 @@ def render_chat(
         "content_parts": None,
         "sampling_params": sampling,
         "model": f["model"],
-        "reasoning_ended": _reasoning_ended(chat, server, kwargs, ids, template),
+        "reasoning_ended": reasoning_ended(chat, server, kwargs, ids, template),
         "reasoning_parser_kwargs": reasoning,
         "return_token_ids": f["return_token_ids"],
         "output_mode": "tokens",

@@ -26,11 +26,8 @@ from rollout_session.emulator.vllm.derender import Detokenizer, SampledAnswers, 
 from rollout_session.emulator.vllm.errors import VllmError
 from rollout_session.emulator.vllm.errors import error_body as vllm_error_body
 from rollout_session.emulator.vllm.generate import VllmServer
-from rollout_session.emulator.vllm.render import (
-    ChatTemplate,
-    generation_sampling_defaults,
-    render_chat,
-)
+from rollout_session.emulator.vllm.hf_renderer import ChatTemplate
+from rollout_session.emulator.vllm.render import generation_sampling_defaults, render_chat
 from rollout_session.emulator.worker import Emulator
 from rollout_session.prompt.tokenizer import generation_stop_ids
 
