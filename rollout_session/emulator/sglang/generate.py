@@ -1,7 +1,7 @@
 """SGLang 0.5.23's native ``POST /generate``, non-streaming, ``input_ids`` only.
 
-Models, in SGLang's order: FastAPI's parse of ``GenerateReqInput`` and
-the contract gate (`generate_params`), then ``srt/managers/
+Models, in SGLang's order: FastAPI's parse of ``GenerateReqInput``
+(`io_struct`) and the contract gate (`contract_gate`), then ``srt/managers/
 tokenizer_manager.py`` ``TokenizerManager._validate_one_request`` (the
 lengths), ``SamplingParams.verify`` (`generate_params.sampling_error`),
 the scheduler's ``_handle_generate_request`` (``logprob_start_len``), the
@@ -23,8 +23,8 @@ import trio
 from rollout_session.emulator.faults import BadRequest, Reply, context_length_message
 from rollout_session.emulator.model.generation import Sample
 from rollout_session.emulator.records import ChatRecord
+from rollout_session.emulator.sglang.contract_gate import contract_error
 from rollout_session.emulator.sglang.generate_params import (
-    contract_error,
     sampling_error,
     structural_tag_constraint,
     tool_constraint,
@@ -83,8 +83,8 @@ async def _generate_checked(worker: SglangWorker, body: Any, arrival: float) -> 
     cfg = emulator.config
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    # SGLang's order: FastAPI's parse (io_struct), the contract gate, then
-    # the tokenizer manager's checks (generate_params).
+    # SGLang's order: FastAPI's parse (io_struct), the contract gate
+    # (contract_gate), then the tokenizer manager's checks (generate_params).
     check_generate(body)
     contract = contract_error(body)
     if contract is not None:
