@@ -8,7 +8,8 @@ decoding (``json_invalid``: `json_body`) and
 ``validation_exception_handler``, which renders a pydantic
 ``ValidationError`` (`pydantic_error`, `body_error`: ``loc`` cleaned by
 ``clean_loc_for_param``, ``input`` summarised by
-``_summarize_error_input``, at most ten errors). What vLLM serves and the
+``_summarize_error_input``, at most ten errors, each cut at 1,000
+characters, paths and addresses stripped by ``sanitize_message``). What vLLM serves and the
 emulator does not model is `not_modelled`: refused, never faked.
 """
 
@@ -36,6 +37,14 @@ __all__ = [
 
 _MAX_REPORTED_ERRORS: Final = 10
 _MAX_ERROR_INPUT_CHARS: Final = 200
+_MAX_ERROR_CHARS: Final = 1000
+# sanitize_message's patterns, in its order.
+_SANITIZE: Final = (
+    (re.compile(r" at 0x[0-9a-fA-F]+>"), ">"),
+    (re.compile(r'\n?\s*File "[^"]+", line \d+, in \S+(\n\s+.*)?'), ""),
+    (re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+"), "<path>"),
+    (re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+"), "<path>"),
+)
 # clean_loc_for_param: a bracketed segment is one of pydantic's markers, and
 # so is each of _INTERNAL_LOC_MARKERS (pydantic-core's schema kinds).
 _BRACKETED: Final = re.compile(r"[\[\](){}]")
@@ -144,18 +153,34 @@ def pydantic_error(exc: ValidationError, prefix: tuple[str, ...] = ("body",)) ->
     return body_error(errors)
 
 
+def _format(error: Any) -> str:
+    """``_format_error``: one error's text, cut at ``_MAX_ERROR_CHARS``."""
+    text = str(error)
+    if len(text) > _MAX_ERROR_CHARS:
+        return text[:_MAX_ERROR_CHARS] + "...[truncated]"
+    return text
+
+
+def _sanitize(message: str) -> str:
+    """``exception_handling/utils.py`` ``sanitize_message``: no memory
+    addresses, traceback lines or file paths (an echoed input's too)."""
+    for pattern, replacement in _SANITIZE:
+        message = pattern.sub(replacement, message)
+    return message.strip()
+
+
 def body_error(errors: list[Any]) -> VllmError:
-    """``validation_exception_handler``: ``"N validation error(s):\\n  {…}"``."""
+    """``validation_exception_handler``: ``"N validation error(s):\n  {…}"``
+    (``param`` the first error's cleaned ``loc``)."""
     count = len(errors)
     label = "error" if count == 1 else "errors"
-    lines = "".join(f"  {e}\n" for e in errors[:_MAX_REPORTED_ERRORS])
+    lines = "".join(f"  {_format(e)}\n" for e in errors[:_MAX_REPORTED_ERRORS])
     if count > _MAX_REPORTED_ERRORS:
         lines += f"  ...and {count - _MAX_REPORTED_ERRORS} more {label}\n"
     first = errors[0]
     param = first["loc"] if isinstance(first, dict) else None
-    return VllmError(
-        f"{count} validation {label}:\n{lines}".rstrip(), type_="Bad Request", param=param
-    )
+    message = _sanitize(f"{count} validation {label}:\n{lines}")
+    return VllmError(message, type_="Bad Request", param=param)
 
 
 def require_json(content_type: str) -> None:
