@@ -22,7 +22,7 @@ Paths under ``vllm/``; TP =
    ``chat_request`` is a full CP ``ChatCompletionRequest``: its "before"
    validators raise ``VLLMValidationError``, which escapes the union at once
    (a 400 ``BadRequestError``, whatever else was wrong); its fields are
-   checked as on the render route (`vllm.render`).
+   checked as on the render route (`chat_protocol`).
 2. DS ``ServingDerender.derender_chat_response``: ``_check_model`` (404),
    ``_validate_derender_bounds`` (choices, ids, logprob entries, top
    logprobs and prompt logprobs against ``VLLM_MAX_N_SEQUENCES``,

@@ -186,7 +186,7 @@ def _sampling_params(
     max_tokens: int,
 ) -> dict[str, Any]:
     """CP ``to_sampling_params`` → ``SamplingParams.from_optional`` →
-    ``_post_init__``/``_verify_args`` (`generate.post_init`'s checks),
+    ``__post_init__``/``_verify_args`` (`sampling.post_init`),
     serialised as msgspec's ``omit_defaults`` does (module docstring)."""
     f = chat.f
     defaults = server.sampling_defaults
