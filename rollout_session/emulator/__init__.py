@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from rollout_session.emulator.config import EmulatorConfig
     from rollout_session.emulator.faults import FAULT_HEADER, FAULTS
     from rollout_session.emulator.model.generation import TextModel
+    from rollout_session.emulator.records import ChatRecord
     from rollout_session.emulator.tokenizer import (
         BUILTIN_TEMPLATES,
         FamilyTokens,
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
         bundled_tokenizer_path,
         family_tokenizer_path,
     )
-    from rollout_session.emulator.worker import ChatRecord, Emulator
+    from rollout_session.emulator.worker import Emulator
 
 __all__ = [
     "BUILTIN_TEMPLATES",
@@ -44,7 +45,7 @@ _HOME = {
     "BUILTIN_TEMPLATES": ".tokenizer",
     "FAULTS": ".faults",
     "FAULT_HEADER": ".faults",
-    "ChatRecord": ".worker",
+    "ChatRecord": ".records",
     "Emulator": ".worker",
     "EmulatorConfig": ".config",
     "FamilyTokens": ".tokenizer",

@@ -17,7 +17,7 @@ from rollout_session.emulator.vllm.names import VLLM_REASONING_PARSERS, VLLM_TOO
 __all__ = ["ENGINES", "EmulatorConfig"]
 
 # The engines the emulator speaks: SGLang (every route of it at once) or
-# vLLM (its token-in/token-out route, `vllm_generate`).
+# vLLM (its token-in/token-out route, `vllm.generate`).
 ENGINES = ("sglang", "vllm")
 
 

@@ -270,7 +270,7 @@ def fault_reply(fault: str, response: dict[str, Any], vocab_size: int) -> Reply:
 
 # -- vLLM's /inference/v1/generate answers -------------------------------------
 #
-# The same faults in vLLM's shapes (`vllm_answer`): a logprob fault edits
+# The same faults in vLLM's shapes (`vllm.answer`): a logprob fault edits
 # choices[0].logprobs.content[0].logprob, a token fault choices[0].token_ids[0],
 # the count faults `usage`, missing_meta_info drops the logprobs ("logprobs":
 # null); `abort` and `stall` are served by the emulator itself (a request

@@ -7,8 +7,8 @@ flight: its GPU `Progress` (`gpu`), the weight-version changes it saw, and
 the abort that ended it, if one did. One `Weights` per emulator holds them
 and the worker's state: the weight version label, the pause, the requests
 held at SGLang's pause gate. The routes that change that state
-(`weight_routes`) call it; what a request's answer reports is read back
-from its run (`Weights.spans`, `Weights.finish_version`).
+(`sglang.weight_routes`, `vllm.weight_routes`) call it; what a request's
+answer reports is read back from its run (`Weights.spans`, `Weights.finish_version`).
 
 Sources (paths under each package). SGLang: ``srt/entrypoints/http_server.py``
 (the routes), ``srt/managers/tokenizer_manager.py`` (TM: ``generate_request``'s
@@ -191,8 +191,6 @@ class Weights:
         self._notify = notify
         self._wait_until = wait_until
         self._flush_cache = flush_cache
-        # The label the worker started with (/server_info's).
-        self.initial_version = version
         # The label the scheduler (SGLang) / engine core (vLLM) samples under:
         # what answers report.
         self.version = version

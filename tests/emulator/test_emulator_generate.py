@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from rollout_session.emulator.model.prompt_reader import ALL_TOOLS
-from rollout_session.emulator.sglang.generate_params import SAMPLING_FIELDS, contract_error
+from rollout_session.emulator.sglang.contract_gate import SAMPLING_FIELDS, contract_error
 from rollout_session.emulator.sglang.parse_memo import NOT_SAMPLED, ParseMemo
 from rollout_session.emulator.tokenizer import builtin_template
 from tests.emulator.conftest import Serve

@@ -26,7 +26,7 @@ from rollout_session.emulator.cli import add_arguments, config_from_args
 from rollout_session.emulator.config import EmulatorConfig
 from rollout_session.emulator.faults import FAULT_HEADER, FAULTS
 from rollout_session.emulator.model.prompt_reader import ALL_TOOLS
-from rollout_session.emulator.sglang.answer import routed_experts
+from rollout_session.emulator.model.routed_experts import routed_experts
 from rollout_session.emulator.tokenizer import builtin_template
 from rollout_session.emulator.worker import Emulator
 from tests.emulator.conftest import Serve
@@ -479,10 +479,14 @@ REFUSALS: dict[str, tuple[Any, int, str, str | None, str]] = {
         "logit_bias",
         f"token_id(s) [{VOCAB}] in logit_bias contain out-of-vocab token ids.",
     ),
+    # SamplingParams reaches pydantic as PydanticMsgspecMixin's union (an
+    # instance | its typed dict): a bad field fails both branches.
     "temperature-type": (
-        _body(sampling={"temperature": "hot"}), 400, "Bad Request",
-        "body.sampling_params.temperature",
-        "1 validation error:\n  {'type': 'float_parsing'",
+        _body(sampling={"temperature": "hot"}), 400, "Bad Request", "body.sampling_params",
+        "2 validation errors:\n  {'type': 'is_instance_of', 'loc': 'body.sampling_params', "
+        "'msg': 'Input should be an instance of SamplingParams', 'input': '<dict of 1 items>', "
+        "'ctx': {'class': 'SamplingParams'}}\n  {'type': 'float_parsing', "
+        "'loc': 'body.sampling_params.temperature'",
     ),
     "routed-experts-start": (
         _body(sampling={"routed_experts_prompt_start": 4}), 400, "BadRequestError",

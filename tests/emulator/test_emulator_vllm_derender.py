@@ -1,5 +1,5 @@
 """The emulator's vLLM ``POST /v1/chat/completions/derender`` handler
-(`vllm_derender.derender_chat`), called directly: it parses a tokens-mode
+(`vllm.derender.derender_chat`), called directly: it parses a tokens-mode
 generate answer as ``output_mode: "derender"`` would have (every parser
 configuration), a completion stitched from an aborted answer and its
 continuation as the uninterrupted one, and refuses in vLLM's order, shape
@@ -18,6 +18,7 @@ from rollout_session.emulator.config import EmulatorConfig
 from rollout_session.emulator.faults import FAULT_HEADER, Reply
 from rollout_session.emulator.model.generation import Sample, TextModel
 from rollout_session.emulator.vllm.derender import Detokenizer, SampledAnswers, derender_chat
+from rollout_session.emulator.vllm.worker import VllmWorker
 from rollout_session.emulator.worker import Emulator
 from tests.emulator.test_emulator import MESSAGES, TOOLS
 from tests.emulator.test_emulator_vllm import (
@@ -50,26 +51,27 @@ class Worker:
 
     def __init__(self, emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> None:
         self.emulator = emulator
-        self.answers = SampledAnswers(emulator._decode)
+        self.vllm = VllmWorker(emulator)
+        self.answers = SampledAnswers(emulator.decode)
         tokenizer = emulator.model.tokenizer
         self.detok = Detokenizer(
-            decode=emulator._decode,
-            token_text=emulator._token_text,
+            decode=emulator.decode,
+            token_text=self.vllm.token_text,
             eos_token_id=tokenizer.eos_token_id,
-            generation_eos_ids=emulator._extra_eos,
+            generation_eos_ids=self.vllm.extra_eos,
             vocab_size=emulator.model.vocab_size,
         )
-        sample = emulator._sample
+        sample = emulator.sample
 
         def noting(*args: Any, **kwargs: Any) -> Sample:
             drawn = sample(*args, **kwargs)
             self.answers.note(drawn)
             return drawn
 
-        monkeypatch.setattr(emulator, "_sample", noting)
+        monkeypatch.setattr(emulator, "sample", noting)
 
     async def generate(self, body: dict[str, Any], **headers: str) -> dict[str, Any]:
-        reply = await self.emulator.handle_vllm_generate(
+        reply = await self.vllm.generate(
             orjson.dumps(body), {"content-type": "application/json", **headers}
         )
         assert reply.status == 200, reply.body
@@ -78,7 +80,7 @@ class Worker:
 
     def derender(self, body: Any, content_type: str = "application/json") -> Reply:
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
-        return derender_chat(raw, content_type, self.emulator.vllm, self.detok, self.answers)
+        return derender_chat(raw, content_type, self.vllm.server, self.detok, self.answers)
 
     def derendered(self, body: Any) -> dict[str, Any]:
         reply = self.derender(body)

@@ -18,7 +18,7 @@ result), probed once by rendering. A prompt that *ends* with one is a fresh
 turn: no candidate, no extra work. Otherwise the emulator samples the
 answer to ``P`` for each candidate (the last first, at most
 `MAX_CANDIDATES`) and continues when the rest of the prompt is a proper,
-non-empty prefix of it (`Emulator._sample`); failing that it samples the
+non-empty prefix of it (`Emulator.sample`); failing that it samples the
 prompt as it is.
 """
 

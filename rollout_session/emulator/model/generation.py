@@ -12,7 +12,7 @@ DeepSeek's ``<｜tool▁calls▁begin｜>``, harmony channels ending ``<|call|>`
 table. The parsed message SGLang would return is the answer itself, as its
 tool-call and reasoning parsers would give it back. The model's logprobs of
 the sampled ids (`logprobs.LogprobModel`, given by the caller) and the finish
-reason complete the sample; the response JSON is `sglang_answer`.
+reason complete the sample; the response JSON is `sglang.answer`.
 
 Ids are canonical (they are the tokenisation of the rendered text), so a
 re-render of the conversation reproduces them wherever the template does not

@@ -37,7 +37,6 @@ import numpy.typing as npt
 
 __all__ = ["LogprobModel", "Scores", "rank_of"]
 
-_MASK: Final = (1 << 64) - 1
 # The hash base (FNV-1's 64-bit prime: odd, so invertible mod 2^64).
 _BASE: Final = 0x100000001B3
 _BASE_INVERSE: Final = pow(_BASE, -1, 1 << 64)

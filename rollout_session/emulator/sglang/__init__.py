@@ -1,10 +1,19 @@
-"""What the emulator knows of SGLang 0.5.23's routes beyond sampling.
+"""What the emulator knows of SGLang 0.5.23: its routes over the engine-neutral core.
 
-Owns: the ``/v1/chat/completions`` answer in SGLang's response models and
-the routed-experts blob (`answer`), what ``/generate`` checks in a body
-(`generate_params`), ``/parse_function_call`` and ``/separate_reasoning``
-(`parse_memo`), and the session controller behind ``/open_session`` and
-``session_params`` (`sessions`). Each module names the SGLang source it
-models. May import the emulator's `model`, `faults` and the server's
-`prompt`, `errors` and `tokens`; never the server's other wings.
+Owns: the SGLang half of a server (`worker`: parse memo, how an answer
+settles, routed experts, the parse routes ``/parse_function_call`` and
+``/separate_reasoning`` answered from `parse_memo`), ``/v1/chat/completions``
+(`chat`, its answer in SGLang's response models: `answer`), ``/generate``
+(`generate`; what it checks in a body: FastAPI's parse in `io_struct`, the
+contract gate in `contract_gate`, ``SamplingParams`` in `generate_params`),
+the session routes (`session_routes`) and the session controller they
+drive (`sessions`), the weight-update, pause and abort routes
+(`weight_routes`; their bodies read as `io_struct`'s types), SGLang's
+error replies (`replies`) and the Quart routes (`routes`). Each module
+names the SGLang source it models.
+
+May import: the emulator's engine-neutral modules (`worker`, `records`,
+`faults`, `weights`, `gpu`, `prefix_cache`, `config`, `model`) and, of
+the server, only `prompt`, `errors`, `tokens`, `_lazy` and `http.serving`.
+Never `vllm/`: what both engines share lives in an engine-neutral module.
 """

@@ -6,7 +6,7 @@ TS = its ``serving.py``, OD = ``renderers/online_derenderer.py``.
 - `json_tool_constraint`: the tool call a ``structured_outputs.json`` schema
   forces (the one ``tool_parsers/utils.py`` ``get_json_schema_from_tools``
   builds for ``tool_choice`` "required", or a named tool's parameters), or
-  the emulator's own structural tag (`vllm_tag`).
+  the emulator's own structural tag (`vllm.tag`).
 - `finish`: where the engine stops the model's answer: its end token (EOS,
   ``stop_reason`` null), ``stop_token_ids`` (generation_config's extra EOS
   ids included, as ``SamplingParams.update_from_generation_config`` adds
@@ -40,18 +40,13 @@ from typing import Any, Final
 
 import numpy as np
 
+from rollout_session.emulator.model.forced_call import ToolConstraint, array_tool_constraint
 from rollout_session.emulator.model.logprobs import rank_of
-from rollout_session.emulator.sglang.answer import routed_experts
-from rollout_session.emulator.sglang.generate_params import ToolConstraint, array_tool_constraint
-from rollout_session.emulator.vllm.generate import (
-    GenerateRequest,
-    ParseContext,
-    Sampling,
-    VllmError,
-    VllmServer,
-    not_modelled,
-)
+from rollout_session.emulator.model.routed_experts import routed_experts
+from rollout_session.emulator.vllm.errors import VllmError, not_modelled
+from rollout_session.emulator.vllm.generate import GenerateRequest, ParseContext, VllmServer
 from rollout_session.emulator.vllm.names import KIMI_TOOL_PARSERS
+from rollout_session.emulator.vllm.sampling import Sampling
 from rollout_session.emulator.vllm.tag import read_tag, tag_constraint
 
 __all__ = [
@@ -82,8 +77,8 @@ def json_tool_constraint(
     schema ``ToolParser.adjust_request`` writes for a named tool). Any other
     schema, and ``json_object``, force nothing: a response format, answered
     as the model answers (it has no JSON mode). A structural tag the
-    emulator's render route minted forces what it says (`vllm_tag`; foreign
-    tags never get here: `vllm_generate` refuses them)."""
+    emulator's render route minted forces what it says (`vllm.tag`; foreign
+    tags never get here: `vllm.generate` refuses them)."""
     if constraint is not None and constraint[0] == "structural_tag":
         tag = read_tag(constraint[1])
         return ToolConstraint() if tag is None else tag_constraint(tag)

@@ -12,7 +12,8 @@ Paths under ``vllm/``; TP =
 
 1. FastAPI: ``validate_json_request`` (``application/json`` only), then
    pydantic parses the body into the plain union ``DerenderChatRequest |
-   DerenderChatStreamRequest`` (TP ``DerenderChatRequestUnion``): when both
+   DerenderChatStreamRequest`` (TP ``DerenderChatRequestUnion``; here the
+   pydantic models of `token_protocol`): when both
    members fail, pydantic reports every error of both, each ``loc`` naming
    its member (``body.DerenderChatRequest.generate_response...``, kept by
    ``handlers/validation.py`` ``clean_loc_for_param``). ``generate_response``
@@ -21,7 +22,7 @@ Paths under ``vllm/``; TP =
    ``chat_request`` is a full CP ``ChatCompletionRequest``: its "before"
    validators raise ``VLLMValidationError``, which escapes the union at once
    (a 400 ``BadRequestError``, whatever else was wrong); its fields are
-   checked as on the render route (`vllm_render`).
+   checked as on the render route (`chat_protocol`).
 2. DS ``ServingDerender.derender_chat_response``: ``_check_model`` (404),
    ``_validate_derender_bounds`` (choices, ids, logprob entries, top
    logprobs and prompt logprobs against ``VLLM_MAX_N_SEQUENCES``,
@@ -39,7 +40,7 @@ Paths under ``vllm/``; TP =
    at a stop string, ``check_stop_strings``; special tokens kept whenever a
    parser runs, ``_decode_params``), the parse (``_parse_and_assemble``,
    the same function ``output_mode: "derender"`` uses; here the emulator's
-   `vllm_answer.derender_message`), ``resolve_finish_reason``, the logprobs
+   `vllm.answer.derender_message`), ``resolve_finish_reason``, the logprobs
    (``_resolve_logprobs``: ids to text, the chat route's top-logprobs cut).
 
 The emulator has no parsers: it remembers what it sampled (`SampledAnswers`,
@@ -53,7 +54,6 @@ Tool-call ids are derived from the sample (vLLM mints random ones per call).
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections import OrderedDict, deque
@@ -62,40 +62,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
+from pydantic import ValidationError
 
 from rollout_session.emulator.faults import Reply
+from rollout_session.emulator.vllm import token_protocol
 from rollout_session.emulator.vllm.answer import Decode, Outcome, derender_message
-from rollout_session.emulator.vllm.generate import (
-    _BAD,
-    _VLLM_MAX_N_SEQUENCES,
-    Loc,
-    ParseContext,
+from rollout_session.emulator.vllm.chat_protocol import Chat, chat_request
+from rollout_session.emulator.vllm.errors import (
     VllmError,
-    VllmServer,
-    _anything,
-    _Bad,
-    _dict,
-    _Errors,
-    _float,
-    _int,
-    _json_body,
-    _list,
-    _list_of,
-    _optional,
-    _str,
     body_error,
+    json_body,
     not_modelled,
-    random_uuid,
+    pydantic_error,
 )
+from rollout_session.emulator.vllm.generate import ParseContext, VllmServer
 from rollout_session.emulator.vllm.names import VLLM_MAX_LOGPROBS
-from rollout_session.emulator.vllm.render import (
-    _FIELDS as _CHAT_FIELDS,
-)
-from rollout_session.emulator.vllm.render import (
-    _before_validators,
-    _dump_tool,
-    _named,
-)
+from rollout_session.emulator.vllm.sampling import VLLM_MAX_N_SEQUENCES
 
 if TYPE_CHECKING:
     from rollout_session.emulator.model.generation import Sample
@@ -103,17 +85,10 @@ if TYPE_CHECKING:
 __all__ = ["DERENDER_PATH", "Detokenizer", "SampledAnswers", "derender_chat"]
 
 DERENDER_PATH: Final = "/v1/chat/completions/derender"
-# The union's members, as pydantic names them in an error's loc.
-_REQUEST: Final = "DerenderChatRequest"
-_STREAM_REQUEST: Final = "DerenderChatStreamRequest"
-_REQUIRED: Final = object()
 _REPLACEMENT: Final = "\ufffd"
 # v1/engine/__init__.py FINISH_REASON_STRINGS as a token-route answer carries
 # them ("error" is a 500, never an answer); null reads as "stop".
 _ENGINE_FINISH_REASONS: Final = (None, "stop", "length", "abort", "repetition")
-
-Check = Callable[[Any, Loc, _Errors], Any]
-
 
 # -- what the emulator knows of its tokenizer and its samples --------------------
 
@@ -184,311 +159,47 @@ class SampledAnswers:
 # -- stage 1: pydantic ------------------------------------------------------------
 
 
-def _object(kind: str, class_name: str, fields: Mapping[str, tuple[Check, Any]]) -> Check:
-    """A pydantic model (``kind`` "model") or a dataclass ("dataclass") of
-    ``fields`` (name → (check, default or _REQUIRED)); unknown keys ignored."""
-
-    def check(v: Any, loc: Loc, errs: _Errors) -> dict[str, Any] | _Bad:
-        if not isinstance(v, dict):
-            if kind == "model":
-                msg = f"Input should be a valid dictionary or instance of {class_name}"
-                errs.add("model_type", loc, msg, v, {"class_name": class_name})
-            else:
-                msg = f"Input should be a dictionary or an instance of {class_name}"
-                errs.add("dataclass_type", loc, msg, v, {"class_name": class_name})
-            return _BAD
-        before = len(errs.items)
-        out: dict[str, Any] = {}
-        for name, (field_check, default) in fields.items():
-            if name in v:
-                out[name] = field_check(v[name], (*loc, name), errs)
-            elif default is _REQUIRED:
-                errs.add("missing", (*loc, name), "Field required", v)
-            else:
-                out[name] = default
-        return _BAD if len(errs.items) > before else out
-
-    return check
-
-
-def _non_negative(v: Any, loc: Loc, errs: _Errors) -> int | _Bad:
-    """``NonNegativeInt``."""
-    value = _int(v, loc, errs)
-    if isinstance(value, int) and value < 0:
-        errs.add(
-            "greater_than_equal", loc, "Input should be greater than or equal to 0", v, {"ge": 0}
-        )
-        return _BAD
-    return value
-
-
-def _output_ids(v: Any, loc: Loc, errs: _Errors) -> list[int] | _Bad | None:
-    """TP ``GenerateChoiceBase.token_ids`` and its ``validate_token_ids``."""
-    ids = _optional(_list_of(_int))(v, loc, errs)
-    if isinstance(ids, list) and any(t < 0 for t in ids):
-        errs.value_error(loc, "token_ids must not contain negative values", v)
-        return _BAD
-    return ids  # type: ignore[no-any-return]
-
-
-def _stop_reason(v: Any, loc: Loc, errs: _Errors) -> int | str | _Bad | None:
-    """``int | str | None``: pydantic's smart union (a string stays a string;
-    bools and integral floats become ints); a failure reports both branches
-    (their ``int``/``str`` loc segments are dropped by ``clean_loc_for_param``)."""
-    if v is None or isinstance(v, str):
-        return v
-    tried = _Errors()
-    value = _int(v, loc, tried)
-    if isinstance(value, int):
-        return value
-    errs.items.extend(tried.items)
-    errs.add("string_type", loc, "Input should be a valid string", v)
-    return _BAD
-
-
-def _int_values(v: Any, loc: Loc, errs: _Errors) -> dict[str, Any] | _Bad:
-    """``dict[str, int]``."""
-    values = _dict(v, loc, errs)
-    if isinstance(values, _Bad):
-        return values
-    before = len(errs.items)
-    out = {key: _int(x, (*loc, key), errs) for key, x in values.items()}
-    return _BAD if len(errs.items) > before else out
-
-
-def _literal(expected: Any) -> Check:
-    """``Literal[expected]`` (lax: ``0``/``1`` match ``False``/``True``)."""
-    shown = repr(expected)
-
-    def check(v: Any, loc: Loc, errs: _Errors) -> Any:
-        if _matches(v, expected):
-            return expected
-        errs.add("literal_error", loc, f"Input should be {shown}", v, {"expected": shown})
-        return _BAD
-
-    return check
-
-
-def _matches(v: Any, expected: Any) -> bool:
-    if isinstance(expected, bool):
-        return v is expected or (type(v) in (int, float) and v == expected)
-    return bool(v == expected and type(v) is type(expected))
-
-
-# TP GenerateLogProb, GenerateLogProbsContent, GenerateLogProbs.
-_TOP: Final = _object(
-    "model",
-    "GenerateLogProb",
-    {
-        "token_id": (_int, _REQUIRED),
-        "logprob": (_float, _REQUIRED),
-        "rank": (_optional(_int), None),
-    },
-)
-_ENTRY: Final = _object(
-    "model",
-    "GenerateLogProbsContent",
-    {
-        "token_id": (_int, _REQUIRED),
-        "logprob": (_float, _REQUIRED),
-        "rank": (_optional(_int), None),
-        "top_logprobs": (_list_of(_TOP), []),
-    },
-)
-_LOGPROBS: Final = _object(
-    "model", "GenerateLogProbs", {"content": (_optional(_list_of(_ENTRY)), None)}
-)
-# outputs.py WeightVersionSpan (a dataclass).
-_SPAN: Final = _object(
-    "dataclass",
-    "WeightVersionSpan",
-    {"version": (_str, _REQUIRED), "start": (_int, _REQUIRED), "end": (_int, _REQUIRED)},
-)
-# TP GenerateChoiceBase + GenerateTokensChoice, in declaration order.
-_CHOICE: Final = _object(
-    "model",
-    "GenerateTokensChoice",
-    {
-        "index": (_int, _REQUIRED),
-        "finish_reason": (_optional(_str), "stop"),
-        "stop_reason": (_stop_reason, None),
-        "token_ids": (_output_ids, None),
-        "routed_experts": (_optional(_str), None),
-        "sampling_mask": (_optional(_list_of(_list_of(_int))), None),
-        "weight_versions": (_optional(_list_of(_SPAN)), None),
-        "logprobs": (_optional(_LOGPROBS), None),
-    },
-)
-# entrypoints/serve/engine/protocol.py UsageInfo and its details.
-_USAGE: Final = _object(
-    "model",
-    "UsageInfo",
-    {
-        "prompt_tokens": (_int, 0),
-        "total_tokens": (_int, 0),
-        "completion_tokens": (_optional(_int), 0),
-        "prompt_tokens_details": (
-            _optional(
-                _object(
-                    "model",
-                    "PromptTokenUsageInfo",
-                    {
-                        "cached_tokens": (_optional(_int), None),
-                        "created_cache_tokens": (_optional(_int), None),
-                        "multimodal_tokens": (_optional(_int_values), None),
-                    },
-                )
-            ),
-            None,
-        ),
-        "completion_tokens_details": (
-            _optional(
-                _object("model", "CompletionTokenUsageInfo", {"reasoning_tokens": (_int, 0)})
-            ),
-            None,
-        ),
-    },
-)
-# TP GenerateResponseBase + GenerateTokensResponse, in declaration order.
-# prompt_logprobs, mm_placeholders and metrics: only their outer type is
-# checked (their contents are refused as not modelled when set).
-_RESPONSE: Final = _object(
-    "model",
-    "GenerateTokensResponse",
-    {
-        "request_id": (_str, None),
-        "model": (_optional(_str), None),
-        "created": (_optional(_int), None),
-        "usage": (_optional(_USAGE), None),
-        "prompt_logprobs": (_optional(_list), None),
-        "prompt_token_id_logprobs": (_optional(_str), None),
-        "prompt_token_ids": (_optional(_list_of(_non_negative)), None),
-        "mm_placeholders": (_optional(_dict), None),
-        "metrics": (_optional(_object("model", "PerRequestMetrics", {})), None),
-        "kv_transfer_params": (_optional(_dict), None),
-        "ec_transfer_params": (_optional(_dict), None),
-        "output_mode": (_literal("tokens"), "tokens"),
-        "choices": (_list_of(_CHOICE), _REQUIRED),
-    },
-)
-
-
-@dataclass(frozen=True)
-class _ChatRequest:
-    """CP ``ChatCompletionRequest``, the fields the derenderer reads."""
-
-    messages: list[Any]
-    f: dict[str, Any]  # every field after validation (tool_choice defaulted)
-
-    @property
-    def named(self) -> str | None:
-        return _named(self.f["tool_choice"])
-
-
-def _chat_request(v: Any, loc: Loc, errs: _Errors) -> _ChatRequest | _Bad | None:
-    """``ChatCompletionRequest | None``: its "before" validators (raising
-    ``VLLMValidationError`` out of the whole union), then its fields."""
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        errs.add(
-            "model_type",
-            loc,
-            "Input should be a valid dictionary or instance of ChatCompletionRequest",
-            v,
-            {"class_name": "ChatCompletionRequest"},
-        )
-        return _BAD
-    data = copy.deepcopy(v)
-    _before_validators(data)
-    before = len(errs.items)
-    messages: Any = []
-    if "messages" not in data:
-        errs.add("missing", (*loc, "messages"), "Field required", data)
-    else:
-        messages = _list_of(_anything)(data["messages"], (*loc, "messages"), errs)
-    f = {
-        name: check(data[name], (*loc, name), errs) if name in data else default
-        for name, (check, default) in _CHAT_FIELDS.items()
-    }
-    if len(errs.items) > before:
-        return _BAD
-    f["tools"] = None if f["tools"] is None else [_dump_tool(t) for t in f["tools"]]
-    return _ChatRequest(list(messages), f)
-
-
 @dataclass(frozen=True)
 class _Request:
     """TP ``DerenderChatRequest`` after stage 1."""
 
     model: str | None
-    response: dict[str, Any]  # generate_response's fields
+    response: dict[str, Any]  # generate_response's fields (GenerateTokensResponse)
     prompt_tokens: int | None
     prompt_token_ids: list[int] | None
-    chat: _ChatRequest | None
-
-
-def _shared_fields(body: dict[str, Any], loc: Loc, errs: _Errors) -> list[Any]:
-    """The fields both members declare after their own: ``prompt_tokens``,
-    ``prompt_token_ids``, ``chat_request`` (the last may raise)."""
-    checks: tuple[tuple[str, Check], ...] = (
-        ("prompt_tokens", _optional(_int)),
-        ("prompt_token_ids", _optional(_list_of(_non_negative))),
-        ("chat_request", _chat_request),
-    )
-    return [
-        check(body[name], (*loc, name), errs) if name in body else None for name, check in checks
-    ]
+    chat: Chat | None
 
 
 def _parse_body(body: Any) -> _Request:
-    """Stage 1: FastAPI + pydantic over TP ``DerenderChatRequestUnion``."""
-    errs = _Errors()
-    if not isinstance(body, dict):
-        for member in (_REQUEST, _STREAM_REQUEST):
-            errs.add(
-                "model_type",
-                ("body", member),
-                f"Input should be a valid dictionary or instance of {member}",
-                body,
-                {"class_name": member},
-            )
-        raise body_error(errs.items)
-    if "stream" in body and _matches(body["stream"], True):
+    """Stage 1: FastAPI + pydantic over TP ``DerenderChatRequestUnion``
+    (`token_protocol`); streaming derender is not modelled."""
+    if isinstance(body, dict) and body.get("stream") is True:
         raise not_modelled(
             f"streaming derender (stream: true on {DERENDER_PATH}): send stream: false", "stream"
         )
-    loc: Loc = ("body", _REQUEST)
-    if "stream" in body:
-        _literal(False)(body["stream"], (*loc, "stream"), errs)
-    model = _optional(_str)(body["model"], (*loc, "model"), errs) if "model" in body else None
-    if "generate_response" in body:
-        response = _RESPONSE(body["generate_response"], (*loc, "generate_response"), errs)
-    else:
-        errs.add("missing", (*loc, "generate_response"), "Field required", body)
-        response = _BAD
-    prompt_tokens, prompt_ids, chat = _shared_fields(body, loc, errs)
-    if not errs.items:
-        assert isinstance(response, dict)
-        if response["request_id"] is None:
-            response["request_id"] = random_uuid()  # GenerateResponseBase's default_factory
-        return _Request(model, response, prompt_tokens, prompt_ids, chat)
-    # The streaming member fails too: its errors follow.
-    loc = ("body", _STREAM_REQUEST)
-    if "stream" not in body:
-        errs.add("missing", (*loc, "stream"), "Field required", body)
-    else:
-        _literal(True)(body["stream"], (*loc, "stream"), errs)
-    if "model" in body:
-        _optional(_str)(body["model"], (*loc, "model"), errs)
-    if "generate_chunk" in body or body.get("stream_state") is not None:
+    try:
+        request = token_protocol.DERENDER_BODY(body)
+    except ValidationError as exc:
+        if isinstance(body, dict) and (
+            "generate_chunk" in body or body.get("stream_state") is not None
+        ):
+            raise not_modelled(
+                "streaming derender (generate_chunk, stream_state): send a non-streaming body",
+                "generate_chunk",
+            ) from None
+        raise pydantic_error(exc) from None
+    if isinstance(request, token_protocol.DerenderChatStreamRequest):
         raise not_modelled(
-            "streaming derender (generate_chunk, stream_state): send a non-streaming body",
-            "generate_chunk",
+            f"streaming derender (stream: true on {DERENDER_PATH}): send stream: false", "stream"
         )
-    errs.add("missing", (*loc, "generate_chunk"), "Field required", body)
-    _shared_fields(body, loc, errs)
-    raise body_error(errs.items)
+    chat = request.chat_request
+    return _Request(
+        model=request.model,
+        response=request.generate_response.model_dump(),
+        prompt_tokens=request.prompt_tokens,
+        prompt_token_ids=request.prompt_token_ids,
+        chat=None if chat is None else chat_request(chat),
+    )
 
 
 # -- stage 2: ServingDerender ------------------------------------------------------
@@ -507,10 +218,10 @@ def _serve_checks(request: _Request, server: VllmServer) -> None:
     max_len = server.context_length
     choices: list[dict[str, Any]] = gen["choices"]
     # DS _validate_derender_bounds (one generate response).
-    if len(choices) > _VLLM_MAX_N_SEQUENCES:
+    if len(choices) > VLLM_MAX_N_SEQUENCES:
         raise VllmError(
             f"choices count ({len(choices)}) in response '{gen['request_id']}' exceeds server "
-            f"maximum ({_VLLM_MAX_N_SEQUENCES})."
+            f"maximum ({VLLM_MAX_N_SEQUENCES})."
         )
     for choice in choices:
         index, ids = choice["index"], choice["token_ids"]
@@ -624,7 +335,7 @@ def _check_stop_strings(
 
 def _decode_output(
     choice: Mapping[str, Any],
-    chat: _ChatRequest | None,
+    chat: Chat | None,
     detok: Detokenizer,
     skip_special: bool,
 ) -> tuple[str, int | str | None]:
@@ -685,7 +396,7 @@ def _history_tool_calls(messages: Sequence[Any]) -> int:
     return count
 
 
-def _parse_context(chat: _ChatRequest) -> ParseContext:
+def _parse_context(chat: Chat) -> ParseContext:
     """What the parse reads of the chat request, as the generate route's
     ``ParseContext`` carries it (the history counted from its messages, as
     ``DelegatingParser._initialize_history_tool_call_cnt`` does)."""
@@ -703,7 +414,7 @@ def _parse_context(chat: _ChatRequest) -> ParseContext:
     )
 
 
-def _top_limit(chat: _ChatRequest | None) -> int | None:
+def _top_limit(chat: Chat | None) -> int | None:
     """OD ``_chat_top_logprobs_limit`` (``chat_top_logprobs_limit``): None keeps
     every candidate."""
     if chat is None or not chat.f["logprobs"]:
@@ -826,7 +537,7 @@ def derender_chat(
         # validate_json_request: the header lowercased, cut at ";" (not stripped).
         if content_type.lower().split(";", 1)[0] != "application/json":
             raise body_error(["Unsupported Media Type: Only 'application/json' is allowed"])
-        request = _parse_body(_json_body(raw))
+        request = _parse_body(json_body(raw))
         _serve_checks(request, server)
         _emulator_refusals(request, detok)
         answer = _derender(request, server, detok, answers)

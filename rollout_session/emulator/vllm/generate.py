@@ -6,13 +6,10 @@ TP = ``entrypoints/scale_out/token_in_token_out/protocol.py``, TS = its
 
 1. FastAPI: ``validate_json_request`` (``entrypoints/serve/utils/api_utils.py``)
    wants ``Content-Type: application/json``, then pydantic parses the body
-   into TP ``GenerateRequest``: field types (lax), ``token_ids`` non-empty and
-   non-negative, ``sampling_params`` into ``SamplingParams`` (whose
-   ``__post_init__`` / ``_verify_args`` raise ``VLLMValidationError``, which
-   pydantic does not wrap: it escapes as a 400 ``BadRequestError``), then the
-   model validators (``output_mode`` needs ``detokenize``; unknown
-   ``parse_context`` fields in derender mode). A pydantic error is the 400
-   ``"Bad Request"`` of ``handlers/validation.py`` (`body_error`).
+   into TP ``GenerateRequest``: here the pydantic models of `token_protocol`
+   and `sampling` (``SamplingParams``' own ``VLLMValidationError`` escapes
+   pydantic as a 400 ``BadRequestError``); a pydantic error is the 400
+   ``"Bad Request"`` of ``handlers/validation.py`` (`errors.pydantic_error`).
 2. TS ``ServingTokens.serve_tokens``: the model name (404), derender's
    refusals (``stream``, a parser without ``parse_context``, a named
    ``tool_choice`` not in ``tools``), then the ``max_tokens`` default
@@ -28,325 +25,35 @@ TP = ``entrypoints/scale_out/token_in_token_out/protocol.py``, TS = its
    grammars other than a JSON schema or ``json_object``, ...): a 400
    ``BadRequestError`` saying so, never a silent approximation.
 
-`check_request` runs them all and returns the request the emulator serves,
-or raises `VllmError` (its ``reply()`` is vLLM's error body:
-``entrypoints/serve/engine/protocol.py`` ``ErrorResponse``). Pydantic's
-messages are reproduced for the errors modelled (type, loc, msg, input
-summarised as ``_summarize_error_input`` does); the union-branch errors
-pydantic adds for ``sampling_params`` are not.
+`check_request` runs them all and returns the request the emulator serves
+(`GenerateRequest`, with the `ParseContext` the derenderer reads), or
+raises `VllmError` (its ``reply()`` is vLLM's error body:
+``entrypoints/serve/engine/protocol.py`` ``ErrorResponse``).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Any, Final
+from typing import Any
 
-import orjson
+from pydantic import ValidationError
 
-from rollout_session.emulator.faults import Reply
+from rollout_session.emulator.vllm import token_protocol
+from rollout_session.emulator.vllm.errors import (
+    VllmError,
+    json_body,
+    not_modelled,
+    pydantic_error,
+    require_json,
+    validation_error,
+)
 from rollout_session.emulator.vllm.names import VLLM_MAX_LOGPROBS
+from rollout_session.emulator.vllm.sampling import Sampling
 from rollout_session.emulator.vllm.tag import read_tag
 
-__all__ = [
-    "GenerateRequest",
-    "ParseContext",
-    "Sampling",
-    "VllmError",
-    "VllmServer",
-    "check_cache_salt",
-    "check_one_constraint",
-    "check_request",
-    "error_body",
-    "not_modelled",
-    "random_uuid",
-]
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_OUTPUT_MODES: Final = ("tokens", "text", "derender")
-# `entrypoints/generate/base/protocol.py` validate_cache_salt.
-_CACHE_SALT_FORBIDDEN: Final = frozenset("@/\\\x00")
-# SamplingParams.__post_init__: a temperature in (0, 0.01) is raised to 0.01.
-_MAX_TEMP: Final = 1e-2
-_SAMPLING_EPS: Final = 1e-5
-_VLLM_MAX_N_SEQUENCES: Final = 16384  # envs.py default
-# ParseContext's declared fields (TP): any other key is a "newer /render" one.
-_PARSE_CONTEXT_FIELDS: Final = (
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "include_reasoning",
-    "chat_template_kwargs",
-    "history_tool_call_cnt",
-)
-# StructuredOutputsParams' constraint fields (SP), in declaration order.
-_CONSTRAINTS: Final = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-
-
-def random_uuid() -> str:
-    """`utils/__init__.py` random_uuid: 16 lowercase hex digits."""
-    return f"{uuid.uuid4().int & ((1 << 64) - 1):016x}"
-
-
-# -- errors ------------------------------------------------------------------
-
-
-def error_body(message: str, type_: str, code: int, param: str | None = None) -> bytes:
-    """vLLM's ``ErrorResponse``: ``{"error": {"message", "type", "param", "code"}}``."""
-    return orjson.dumps(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    )
-
-
-class VllmError(Exception):
-    """A refusal in vLLM's shape; the HTTP status is ``code``."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        type_: str = "BadRequestError",
-        code: int = 400,
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.type_ = type_
-        self.code = code
-        self.param = param
-
-    def reply(self) -> Reply:
-        return Reply(self.code, error_body(self.message, self.type_, self.code, self.param))
-
-
-_NO_VALUE: Final = object()
-
-
-def validation_error(
-    message: str, parameter: str | None = None, value: Any = _NO_VALUE
-) -> VllmError:
-    """``VLLMValidationError`` (``exceptions.py``) through ``create_error_response``:
-    400 ``BadRequestError``, ``param`` its parameter, the message with
-    ``" (parameter=…, value=…)"`` appended by its ``__str__``."""
-    extras = []
-    if parameter is not None:
-        extras.append(f"parameter={parameter}")
-    if value is not _NO_VALUE and value is not None:
-        extras.append(f"value={value}")
-    text = f"{message} ({', '.join(extras)})" if extras else message
-    return VllmError(text, param=parameter)
-
-
-def not_modelled(what: str, param: str | None = None) -> VllmError:
-    """What vLLM would serve and the emulator cannot: refused, never faked."""
-    return VllmError(f"the emulator does not model {what}", param=param)
-
-
-def _summarize(value: Any) -> Any:
-    """``handlers/validation.py`` ``_summarize_error_input``."""
-    if isinstance(value, str):
-        return value if len(value) <= 200 else value[:200] + "...[truncated]"
-    if isinstance(value, list | tuple | set | frozenset | dict):
-        return f"<{type(value).__name__} of {len(value)} items>"
-    text = str(value)
-    return text if len(text) <= 200 else text[:200] + "...[truncated]"
-
-
-class _Errors:
-    """Pydantic's validation errors, collected in field order, rendered as
-    ``validation_exception_handler`` does (400, type ``"Bad Request"``,
-    ``param`` the first error's cleaned ``loc``)."""
-
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-    def add(
-        self, type_: str, loc: tuple[str | int, ...], msg: str, value: Any, ctx: Any = None
-    ) -> None:
-        error: dict[str, Any] = {
-            "type": type_,
-            "loc": ".".join(str(p) for p in loc),
-            "msg": msg,
-            "input": _summarize(value),
-        }
-        if ctx is not None:
-            error["ctx"] = ctx
-        self.items.append(error)
-
-    def value_error(self, loc: tuple[str | int, ...], message: str, value: Any) -> None:
-        self.add(
-            "value_error", loc, f"Value error, {message}", value, {"error": ValueError(message)}
-        )
-
-    def raise_if_any(self) -> None:
-        if self.items:
-            raise body_error(self.items)
-
-
-def body_error(errors: list[Any]) -> VllmError:
-    """``validation_exception_handler``: ``"N validation error(s):\\n  {…}"``."""
-    count = len(errors)
-    label = "error" if count == 1 else "errors"
-    lines = "".join(f"  {e}\n" for e in errors[:10])
-    if count > 10:
-        lines += f"  ...and {count - 10} more {label}\n"
-    first = errors[0]
-    param = first["loc"] if isinstance(first, dict) else None
-    return VllmError(
-        f"{count} validation {label}:\n{lines}".rstrip(), type_="Bad Request", param=param
-    )
-
-
-# -- pydantic's lax coercions ------------------------------------------------
-
-
-class _Bad:
-    """A value that failed validation (its error is recorded)."""
-
-
-_BAD: Final = _Bad()
-Loc = tuple[str | int, ...]
-
-
-def _int(v: Any, loc: Loc, errs: _Errors) -> int | _Bad:
-    if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            errs.add("finite_number", loc, "Input should be a finite number", v)
-        elif v.is_integer():
-            return int(v)
-        else:
-            errs.add(
-                "int_from_float",
-                loc,
-                "Input should be a valid integer, got a number with a fractional part",
-                v,
-            )
-        return _BAD
-    if isinstance(v, str):
-        try:
-            return int(v.strip())
-        except ValueError:
-            errs.add(
-                "int_parsing",
-                loc,
-                "Input should be a valid integer, unable to parse string as an integer",
-                v,
-            )
-            return _BAD
-    errs.add("int_type", loc, "Input should be a valid integer", v)
-    return _BAD
-
-
-def _float(v: Any, loc: Loc, errs: _Errors) -> float | _Bad:
-    if isinstance(v, bool | int | float):
-        return float(v)
-    if isinstance(v, str):
-        try:
-            return float(v.strip())
-        except ValueError:
-            errs.add(
-                "float_parsing",
-                loc,
-                "Input should be a valid number, unable to parse string as a number",
-                v,
-            )
-            return _BAD
-    errs.add("float_type", loc, "Input should be a valid number", v)
-    return _BAD
-
-
-_TRUE: Final = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE: Final = frozenset({"0", "off", "f", "false", "n", "no"})
-
-
-def _bool(v: Any, loc: Loc, errs: _Errors) -> bool | _Bad:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, int | float) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
-        return v.strip().lower() in _TRUE
-    if isinstance(v, int | float | str):
-        errs.add(
-            "bool_parsing", loc, "Input should be a valid boolean, unable to interpret input", v
-        )
-    else:
-        errs.add("bool_type", loc, "Input should be a valid boolean", v)
-    return _BAD
-
-
-def _str(v: Any, loc: Loc, errs: _Errors) -> str | _Bad:
-    if isinstance(v, str):
-        return v
-    errs.add("string_type", loc, "Input should be a valid string", v)
-    return _BAD
-
-
-def _dict(v: Any, loc: Loc, errs: _Errors) -> dict[str, Any] | _Bad:
-    if isinstance(v, dict):
-        return v
-    errs.add("dict_type", loc, "Input should be a valid dictionary", v)
-    return _BAD
-
-
-def _list(v: Any, loc: Loc, errs: _Errors) -> list[Any] | _Bad:
-    if isinstance(v, list):
-        return v
-    errs.add("list_type", loc, "Input should be a valid list", v)
-    return _BAD
-
-
-def _list_of(
-    item: Callable[[Any, Loc, _Errors], Any],
-) -> Callable[[Any, Loc, _Errors], list[Any] | _Bad]:
-    def check(v: Any, loc: Loc, errs: _Errors) -> list[Any] | _Bad:
-        values = _list(v, loc, errs)
-        if isinstance(values, _Bad):
-            return _BAD
-        before = len(errs.items)
-        out = [item(x, (*loc, i), errs) for i, x in enumerate(values)]
-        return _BAD if len(errs.items) > before else out
-
-    return check
-
-
-def _optional(
-    check: Callable[[Any, Loc, _Errors], Any],
-) -> Callable[[Any, Loc, _Errors], Any]:
-    def optional(v: Any, loc: Loc, errs: _Errors) -> Any:
-        return None if v is None else check(v, loc, errs)
-
-    return optional
-
-
-def _anything(v: Any, loc: Loc, errs: _Errors) -> Any:
-    return v
-
-
-def _int_or_str_list(v: Any, loc: Loc, errs: _Errors) -> Any:
-    """``str | list[str] | None`` (``stop``)."""
-    if v is None or isinstance(v, str):
-        return v
-    return _list_of(_str)(v, loc, errs)
-
-
-def _output_kind(v: Any, loc: Loc, errs: _Errors) -> Any:
-    """``RequestOutputKind`` (an IntEnum 0, 1, 2); overwritten by serve_tokens anyway."""
-    if isinstance(v, int) and not isinstance(v, bool) and v in (0, 1, 2):
-        return v
-    errs.add("enum", loc, "Input should be 0, 1 or 2", v, {"expected": "0, 1 or 2"})
-    return _BAD
-
-
-# -- the request ---------------------------------------------------------------
+__all__ = ["GenerateRequest", "ParseContext", "VllmServer", "check_request"]
 
 
 @dataclass(frozen=True)
@@ -369,31 +76,6 @@ class VllmServer:
         """``OnlineDerenderer.parser is not None``: a tool parser (with
         --enable-auto-tool-choice) or a reasoning parser."""
         return self.tool_call_parser is not None or self.reasoning_parser is not None
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """``SamplingParams`` as the emulator serves it (after ``__post_init__``)."""
-
-    n: int
-    temperature: float
-    seed: int | None
-    stop: tuple[str, ...]
-    stop_token_ids: tuple[int, ...]
-    ignore_eos: bool
-    max_tokens: int | None
-    min_tokens: int
-    logprobs: int | None
-    prompt_logprobs: int | None
-    detokenize: bool
-    skip_special_tokens: bool
-    include_stop_str_in_output: bool
-    # The structured-outputs constraint given: (field, value), or None.
-    constraint: tuple[str, Any] | None
-    logit_bias: dict[int, float] | None
-    routed_experts_prompt_start: int
-    # Fields set to something that changes the output the emulator cannot model.
-    unmodelled: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -435,48 +117,10 @@ class GenerateRequest:
     max_tokens: int
 
 
-def check_cache_salt(salt: Any) -> None:
-    """``entrypoints/generate/base/protocol.py`` ``validate_cache_salt`` (a
-    "before" model validator of both request models: it runs first, and its
-    ``VLLMValidationError`` is not a pydantic error)."""
-    if salt is None:
-        return
-    if not isinstance(salt, str) or not salt:
-        raise validation_error(
-            "Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt"
-        )
-    if len(salt) > 128 or any(c in _CACHE_SALT_FORBIDDEN for c in salt):
-        raise validation_error(
-            "Parameter 'cache_salt' must be at most 128 characters and must not contain "
-            "'@', '/', '\\\\', or NUL.",
-            "cache_salt",
-        )
-
-
-def _json_body(raw: bytes) -> Any:
-    """The body as FastAPI decodes it (``json.loads``: NaN literals pass);
-    its ``json_invalid`` error otherwise."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        pos = exc.pos if isinstance(exc, json.JSONDecodeError) else 0
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        errs = _Errors()
-        errs.add("json_invalid", ("body", pos), "JSON decode error", {}, {"error": reason})
-        raise body_error(errs.items) from None
-
-
 def check_request(raw: bytes, content_type: str, server: VllmServer) -> GenerateRequest:
     """Every check of the four stages (module docstring), in vLLM's order."""
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    body = _json_body(raw) if media_type == "application/json" else None
-    if media_type != "application/json":
-        # validate_json_request: a RequestValidationError of one plain string.
-        raise body_error(["Unsupported Media Type: Only 'application/json' is allowed"])
+    require_json(content_type)
+    body = json_body(raw)
     fields = _parse_body(body)
     derender_context, budget = _serve_checks(fields, server)
     _emulator_refusals(fields, server)
@@ -509,575 +153,63 @@ class _Fields:
     unmodelled: tuple[tuple[str, str], ...]
 
 
-def require_object(body: Any) -> dict[str, Any]:
-    """pydantic's first check of a model's body: a JSON object (else 400 "Bad Request")."""
-    if not isinstance(body, dict):
-        errs = _Errors()
-        errs.add(
-            "model_attributes_type",
-            ("body",),
-            "Input should be a valid dictionary or object to extract fields from",
-            body,
-        )
-        errs.raise_if_any()
-    assert isinstance(body, dict)
-    return body
-
-
 def _parse_body(body: Any) -> _Fields:
-    """Stage 1: pydantic's parse of TP ``GenerateRequest``."""
-    body = require_object(body)
-    errs = _Errors()
-    # _validate_cache_salt is a "before" model validator: it runs first, and
-    # its VLLMValidationError is not a pydantic error.
-    salt = body.get("cache_salt")
-    check_cache_salt(salt)
-
-    def field(name: str, check: Callable[[Any, Loc, _Errors], Any], default: Any) -> Any:
-        return check(body[name], ("body", name), errs) if name in body else default
-
-    request_id = field("request_id", _str, None)
-    token_ids = _token_ids(body, errs)
-    field("token_offsets", _optional(_list), None)
-    features = field("features", _optional(_dict), None)
-    content_parts = field("content_parts", _optional(_list), None)
-    sampling_raw = body.get("sampling_params", _NO_VALUE)
-    sampling: Sampling | _Bad = _BAD
-    if sampling_raw is _NO_VALUE:
-        errs.add("missing", ("body", "sampling_params"), "Field required", body)
-    elif isinstance(sampling_raw, dict):
-        sampling = _sampling(sampling_raw, errs)
-    else:
-        errs.add(
-            "dict_type",
-            ("body", "sampling_params"),
-            "Input should be a valid dictionary",
-            sampling_raw,
-        )
-    model = field("model", _optional(_str), None)
-    field("reasoning_ended", _optional(_bool), None)
-    _reasoning_parser_kwargs(body, errs)
-    return_token_ids = field("return_token_ids", _optional(_bool), None)
-    output_mode = field("output_mode", _output_mode, "tokens")
-    parse_context = field("parse_context", _optional(_parse_context), None)
-    stream = field("stream", _optional(_bool), False)
-    field("stream_options", _optional(_dict), None)
-    priority = field("priority", _int, 0)
-    if isinstance(priority, int) and not _INT64_MIN <= priority <= _INT64_MAX:
-        bound, op = (_INT64_MIN, "greater") if priority < _INT64_MIN else (_INT64_MAX, "less")
-        errs.add(
-            f"{op}_than_equal",
-            ("body", "priority"),
-            f"Input should be {op} than or equal to {bound}",
-            priority,
-            {"ge" if op == "greater" else "le": bound},
-        )
-    kv = field("kv_transfer_params", _optional(_dict), None)
-    ec = field("ec_transfer_params", _optional(_dict), None)
-    errs.raise_if_any()
-    assert isinstance(sampling, Sampling) and isinstance(token_ids, list)
-    # The "after" model validators, in declaration order.
-    if content_parts and features:
-        errs.value_error(("body",), "content_parts and features are mutually exclusive", body)
-    elif output_mode != "tokens" and not sampling.detokenize:
-        errs.value_error(
-            ("body",),
-            f"output_mode={output_mode!r} requires sampling_params.detokenize to be true",
-            body,
-        )
-    elif isinstance(parse_context, tuple) and parse_context[1] and output_mode == "derender":
-        errs.value_error(
-            ("body",),
-            f"Unknown parse_context fields {list(parse_context[1])}; the render server is newer "
-            "than this generate server",
-            body,
-        )
-    errs.raise_if_any()
+    """Stage 1: pydantic's parse of TP ``GenerateRequest`` (`token_protocol`)."""
+    try:
+        request = token_protocol.GENERATE_BODY(body)
+    except ValidationError as exc:
+        raise pydantic_error(exc) from None
+    context = request.parse_context
     unmodelled = tuple(
         (name, what)
         for name, value, what in (
-            ("features", features, "multimodal input (features): it serves a text model"),
+            ("features", request.features, "multimodal input (features): it serves a text model"),
             (
                 "content_parts",
-                content_parts,
+                request.content_parts,
                 "multimodal input (content_parts): it serves a text model",
             ),
-            ("kv_transfer_params", kv, "disaggregated serving (kv_transfer_params)"),
-            ("ec_transfer_params", ec, "disaggregated serving (ec_transfer_params)"),
-            ("cache_salt", salt, "cache_salt (its prefix cache is not salted)"),
+            (
+                "kv_transfer_params",
+                request.kv_transfer_params,
+                "disaggregated serving (kv_transfer_params)",
+            ),
+            (
+                "ec_transfer_params",
+                request.ec_transfer_params,
+                "disaggregated serving (ec_transfer_params)",
+            ),
+            ("cache_salt", request.cache_salt, "cache_salt (its prefix cache is not salted)"),
         )
         if value
     )
+    raw_sampling = body["sampling_params"]
     return _Fields(
-        request_id=request_id if isinstance(request_id, str) else random_uuid(),
-        token_ids=token_ids,
-        sampling=sampling,
-        provided=frozenset(sampling_raw) if isinstance(sampling_raw, dict) else frozenset(),
-        model=model if isinstance(model, str) else None,
-        output_mode=str(output_mode),
-        parse_context=parse_context[0] if isinstance(parse_context, tuple) else None,
-        stream=bool(stream),
-        return_token_ids=bool(return_token_ids),
+        request_id=request.request_id,
+        token_ids=request.token_ids,
+        sampling=request.sampling_params,
+        provided=frozenset(raw_sampling) if isinstance(raw_sampling, dict) else frozenset(),
+        model=request.model,
+        output_mode=request.output_mode,
+        parse_context=None if context is None else _parse_context(context, body["parse_context"]),
+        stream=bool(request.stream),
+        return_token_ids=bool(request.return_token_ids),
         unmodelled=unmodelled,
     )
 
 
-def _token_ids(body: dict[str, Any], errs: _Errors) -> list[int] | _Bad:
-    """``token_ids: list[int] = Field(min_length=1)`` and ``validate_token_ids``."""
-    if "token_ids" not in body:
-        errs.add("missing", ("body", "token_ids"), "Field required", body)
-        return _BAD
-    value = body["token_ids"]
-    # The common case first: a list of plain ints (long prompts are cheap).
-    plain = isinstance(value, list) and all(type(t) is int for t in value)
-    ids = value if plain else _list_of(_int)(value, ("body", "token_ids"), errs)
-    if isinstance(ids, _Bad):
-        return _BAD
-    if not ids:
-        errs.add(
-            "too_short",
-            ("body", "token_ids"),
-            "List should have at least 1 item after validation, not 0",
-            value,
-            {"field_type": "List", "min_length": 1, "actual_length": 0},
-        )
-        return _BAD
-    if any(t < 0 for t in ids):
-        errs.value_error(("body", "token_ids"), "token_ids must not contain negative values", value)
-        return _BAD
-    return ids
-
-
-def _output_mode(v: Any, loc: Loc, errs: _Errors) -> str | _Bad:
-    if isinstance(v, str) and v in _OUTPUT_MODES:
-        return v
-    expected = "'tokens', 'text' or 'derender'"
-    errs.add("literal_error", loc, f"Input should be {expected}", v, {"expected": expected})
-    return _BAD
-
-
-def _reasoning_parser_kwargs(body: dict[str, Any], errs: _Errors) -> None:
-    """TP ``ReasoningParserKwargs`` (``extra="forbid"``): only ``chat_template_kwargs``."""
-    value = body.get("reasoning_parser_kwargs")
-    if value is None:
-        return
-    loc: Loc = ("body", "reasoning_parser_kwargs")
-    if not isinstance(value, dict):
-        errs.add(
-            "model_type",
-            loc,
-            "Input should be a valid dictionary or instance of ReasoningParserKwargs",
-            value,
-        )
-        return
-    for key, x in value.items():
-        if key == "chat_template_kwargs":
-            _dict(x, (*loc, key), errs)
-        else:
-            errs.add("extra_forbidden", (*loc, key), "Extra inputs are not permitted", x)
-
-
-def _parse_context(v: Any, loc: Loc, errs: _Errors) -> tuple[ParseContext, tuple[str, ...]] | _Bad:
-    """TP ``ParseContext`` (``extra="allow"``): the context and its unknown keys."""
-    if not isinstance(v, dict):
-        errs.add(
-            "model_type", loc, "Input should be a valid dictionary or instance of ParseContext", v
-        )
-        return _BAD
-    before = len(errs.items)
-    tools = _tools(v.get("tools"), (*loc, "tools"), errs) if "tools" in v else None
-    choice, named = _tool_choice(v.get("tool_choice", "none"), (*loc, "tool_choice"), errs)
-    parallel = (
-        _optional(_bool)(v["parallel_tool_calls"], (*loc, "parallel_tool_calls"), errs)
-        if "parallel_tool_calls" in v
-        else True
-    )
-    include = (
-        _bool(v["include_reasoning"], (*loc, "include_reasoning"), errs)
-        if "include_reasoning" in v
-        else True
-    )
-    kwargs = (
-        _dict(v["chat_template_kwargs"], (*loc, "chat_template_kwargs"), errs)
-        if "chat_template_kwargs" in v
-        else {}
-    )
-    count = (
-        _int(v["history_tool_call_cnt"], (*loc, "history_tool_call_cnt"), errs)
-        if ("history_tool_call_cnt" in v)
-        else 0
-    )
-    if isinstance(count, int) and count < 0:
-        errs.add(
-            "greater_than_equal",
-            (*loc, "history_tool_call_cnt"),
-            "Input should be greater than or equal to 0",
-            count,
-            {"ge": 0},
-        )
-    if len(errs.items) > before:
-        return _BAD
-    assert isinstance(count, int) and isinstance(kwargs, dict) and isinstance(include, bool)
-    context = ParseContext(
-        tools=tools if isinstance(tools, tuple) else None,
-        tool_choice=choice,
+def _parse_context(context: token_protocol.ParseContext, raw: dict[str, Any]) -> ParseContext:
+    """The validated ``ParseContext``; its tools as sent (the parsers read them)."""
+    choice = context.tool_choice
+    named = None if isinstance(choice, str) or choice is None else choice.function.name
+    return ParseContext(
+        tools=None if context.tools is None else tuple(raw["tools"]),
+        tool_choice=choice if isinstance(choice, str) else None,
         named=named,
-        parallel_tool_calls=parallel if isinstance(parallel, bool) else None,
-        include_reasoning=include,
-        chat_template_kwargs=kwargs,
-        history_tool_call_cnt=count,
-    )
-    return context, tuple(sorted(k for k in v if k not in _PARSE_CONTEXT_FIELDS))
-
-
-def _tools(v: Any, loc: Loc, errs: _Errors) -> tuple[dict[str, Any], ...] | _Bad | None:
-    """``list[ChatCompletionToolsParam] | None``: ``{type: "function", function:
-    {name, description?, parameters?: dict, strict?}}``."""
-    if v is None:
-        return None
-    items = _list(v, loc, errs)
-    if isinstance(items, _Bad):
-        return _BAD
-    before = len(errs.items)
-    for i, tool in enumerate(items):
-        at: Loc = (*loc, i)
-        if not isinstance(tool, dict):
-            errs.add(
-                "model_type",
-                at,
-                "Input should be a valid dictionary or instance of ChatCompletionToolsParam",
-                tool,
-            )
-            continue
-        if tool.get("type", "function") != "function":
-            errs.add(
-                "literal_error",
-                (*at, "type"),
-                "Input should be 'function'",
-                tool.get("type"),
-                {"expected": "'function'"},
-            )
-        function = tool.get("function", _NO_VALUE)
-        if function is _NO_VALUE:
-            errs.add("missing", (*at, "function"), "Field required", tool)
-        elif not isinstance(function, dict):
-            errs.add(
-                "model_type",
-                (*at, "function"),
-                "Input should be a valid dictionary or instance of FunctionDefinition",
-                function,
-            )
-        else:
-            if "name" not in function:
-                errs.add("missing", (*at, "function", "name"), "Field required", function)
-            else:
-                _str(function["name"], (*at, "function", "name"), errs)
-            if function.get("description") is not None:
-                _str(function["description"], (*at, "function", "description"), errs)
-            if function.get("parameters") is not None:
-                _dict(function["parameters"], (*at, "function", "parameters"), errs)
-            for flag in ("strict", "defer_loading"):
-                if function.get(flag) is not None:
-                    _bool(function[flag], (*at, "function", flag), errs)
-        if tool.get("defer_loading") is not None:
-            _bool(tool["defer_loading"], (*at, "defer_loading"), errs)
-    return _BAD if len(errs.items) > before else tuple(items)
-
-
-def _tool_choice(v: Any, loc: Loc, errs: _Errors) -> tuple[str | None, str | None]:
-    """``Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None``:
-    (the literal or None, the named function or None)."""
-    if v is None or v in ("none", "auto", "required"):
-        return v, None
-    if isinstance(v, dict):
-        function = v.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
-        if isinstance(name, str) and v.get("type", "function") == "function":
-            return None, name
-    errs.add(
-        "union_tag_invalid" if isinstance(v, str) else "model_type",
-        loc,
-        "Input should be 'none', 'auto', 'required' or a named tool choice "
-        "{type: 'function', function: {name}}",
-        v,
-    )
-    return None, None
-
-
-# SamplingParams' fields in declaration order (SP L271-450), each with its
-# pydantic check. Fields not listed are ignored (unknown keys are dropped).
-_SAMPLING_FIELDS: Final[Mapping[str, tuple[Callable[[Any, Loc, _Errors], Any], Any]]] = {
-    "n": (_int, 1),
-    "presence_penalty": (_float, 0.0),
-    "frequency_penalty": (_float, 0.0),
-    "repetition_penalty": (_float, 1.0),
-    "temperature": (_float, 1.0),
-    "watermarking": (_optional(_bool), None),
-    "top_p": (_float, 1.0),
-    "top_k": (_int, 0),
-    "min_p": (_float, 0.0),
-    "seed": (_optional(_int), None),
-    "stop": (_int_or_str_list, None),
-    "stop_token_ids": (_optional(_list_of(_int)), None),
-    "ignore_eos": (_bool, False),
-    "max_tokens": (_optional(_int), 16),
-    "min_tokens": (_int, 0),
-    "logprobs": (_optional(_int), None),
-    "prompt_logprobs": (_optional(_int), None),
-    "prompt_logprob_token_ids": (_optional(_list), None),
-    "prompt_logprob_start": (_optional(_int), None),
-    "logprob_token_ids": (_optional(_list_of(_int)), None),
-    "flat_logprobs": (_bool, False),
-    "detokenize": (_bool, True),
-    "skip_special_tokens": (_bool, True),
-    "spaces_between_special_tokens": (_bool, True),
-    "include_stop_str_in_output": (_bool, False),
-    "output_kind": (_output_kind, 0),
-    "stream_interval": (_optional(_int), None),
-    "skip_clone": (_bool, False),
-    "output_text_buffer_length": (_int, 0),
-    "structured_outputs": (_anything, None),  # checked by _structured_outputs
-    "logit_bias": (_optional(_dict), None),
-    "allowed_token_ids": (_optional(_list_of(_int)), None),
-    "extra_args": (_optional(_dict), None),
-    "bad_words": (_optional(_list_of(_str)), None),
-    "skip_reading_prefix_cache": (_optional(_bool), None),
-    "thinking_token_budget": (_anything, None),  # its BeforeValidator, below
-    "repetition_detection": (_optional(_dict), None),
-    "routed_experts_prompt_start": (_int, 0),
-    "trace_decode_token_ids": (_optional(_list_of(_int)), None),
-}
-
-
-def _sampling(raw: dict[str, Any], errs: _Errors) -> Sampling | _Bad:
-    """``SamplingParams`` from its JSON object: pydantic's typed dict, then
-    ``cls(**value)`` (``__post_init__``, ``_verify_args``; ``v1/serial_utils.py``
-    ``PydanticMsgspecMixin``). A ``VLLMValidationError`` escapes at once."""
-    loc: Loc = ("body", "sampling_params")
-    before = len(errs.items)
-    p: dict[str, Any] = {}
-    for name, (check, default) in _SAMPLING_FIELDS.items():
-        if name not in raw:
-            p[name] = default
-        elif name == "structured_outputs":
-            p[name] = _structured_outputs(raw[name], (*loc, name), errs)
-        elif name == "thinking_token_budget":
-            p[name] = _thinking_token_budget(raw[name])
-        else:
-            p[name] = check(raw[name], (*loc, name), errs)
-    if p["logit_bias"] is not None and not isinstance(p["logit_bias"], _Bad):
-        p["logit_bias"] = _logit_bias(p["logit_bias"], (*loc, "logit_bias"), errs)
-    if len(errs.items) > before:
-        return _BAD
-    return _post_init(p)
-
-
-def _thinking_token_budget(value: Any) -> int | None:
-    """SP ``validate_thinking_token_budget`` (a BeforeValidator raising
-    ``VLLMValidationError``)."""
-    if value is None:
-        return None
-    if isinstance(value, bool | float) or not isinstance(value, int) or value < -1:
-        raise validation_error(
-            "`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
-            "thinking_token_budget",
-            value,
-        )
-    return None if value == -1 else value
-
-
-def _logit_bias(value: dict[str, Any], loc: Loc, errs: _Errors) -> dict[int, float] | _Bad:
-    """``dict[int, float]``: keys are lax ints, values lax floats."""
-    out: dict[int, float] = {}
-    before = len(errs.items)
-    for key, bias in value.items():
-        token = _int(key, (*loc, f"{key}", "[key]"), errs)
-        number = _float(bias, (*loc, f"{key}"), errs)
-        if isinstance(token, int) and isinstance(number, float):
-            out[token] = number
-    return _BAD if len(errs.items) > before else out
-
-
-def _structured_outputs(v: Any, loc: Loc, errs: _Errors) -> dict[str, Any] | _Bad | None:
-    """SP ``StructuredOutputsParams`` (a dataclass): its field types, then its
-    ``__post_init__`` (exactly one constraint; ``VLLMValidationError``)."""
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        errs.add(
-            "dataclass_type",
-            loc,
-            "Input should be a dictionary or an instance of StructuredOutputsParams",
-            v,
-        )
-        return _BAD
-    checks: dict[str, Callable[[Any, Loc, _Errors], Any]] = {
-        "json": lambda x, at, e: x if isinstance(x, str | dict) or x is None else _str(x, at, e),
-        "regex": _optional(_str),
-        "choice": _optional(_list_of(_str)),
-        "grammar": _optional(_str),
-        "json_object": _optional(_bool),
-        "disable_any_whitespace": _bool,
-        "disable_additional_properties": _bool,
-        "whitespace_pattern": _optional(_str),
-        "structural_tag": _optional(_str),
-    }
-    defaults = {name: None for name in checks} | {
-        "disable_any_whitespace": False,
-        "disable_additional_properties": False,
-    }
-    before = len(errs.items)
-    params = {
-        name: check(v[name], (*loc, name), errs) if name in v else defaults[name]
-        for name, check in checks.items()
-    }
-    if len(errs.items) > before:
-        return _BAD
-    check_one_constraint(params)
-    return params
-
-
-def check_one_constraint(params: Mapping[str, Any]) -> None:
-    """SP ``StructuredOutputsParams.__post_init__``: exactly one constraint
-    (``VLLMValidationError``)."""
-    count = sum(params[name] is not None for name in _CONSTRAINTS)
-    if count != 1:
-        # Its message prints the dataclass's __dict__ (private fields included).
-        shown = {**params, "_backend": None, "_backend_was_auto": False}
-        raise validation_error(
-            f"You can only use one kind of structured outputs constraint but multiple are "
-            f"specified: {shown}"
-            if count > 1
-            else f"You must use one kind of structured outputs constraint but none are "
-            f"specified: {shown}"
-        )
-
-
-def _post_init(p: dict[str, Any]) -> Sampling:
-    """SP ``SamplingParams.__post_init__`` and ``_verify_args``, in their order."""
-    temperature: float = p["temperature"]
-    if 0 < temperature < _MAX_TEMP:
-        temperature = _MAX_TEMP
-    seed = None if p["seed"] == -1 else p["seed"]
-    stop = [p["stop"]] if isinstance(p["stop"], str) else list(p["stop"] or [])
-    stop_ids = list(dict.fromkeys(p["stop_token_ids"] or []))
-    logprobs = p["logprobs"]
-    n = p["n"]
-    if n < 1:
-        raise validation_error(f"n must be at least 1, got {n}.")
-    if n > _VLLM_MAX_N_SEQUENCES:
-        raise validation_error(
-            f"n must be at most {_VLLM_MAX_N_SEQUENCES}, got {n}. To increase this limit, "
-            "set the VLLM_MAX_N_SEQUENCES environment variable."
-        )
-    for name in ("presence_penalty", "frequency_penalty"):
-        if not -2.0 <= p[name] <= 2.0:
-            raise validation_error(f"{name} must be in [-2, 2], got {p[name]}.")
-    repetition = p["repetition_penalty"]
-    if not math.isfinite(repetition):
-        raise validation_error(f"repetition_penalty must be a finite number, got {repetition}.")
-    if repetition <= 0.0:
-        raise validation_error(f"repetition_penalty must be greater than zero, got {repetition}.")
-    if not math.isfinite(temperature):
-        raise validation_error(
-            f"temperature must be a finite number, got {temperature}.", "temperature", temperature
-        )
-    if temperature < 0.0:
-        raise validation_error(
-            f"temperature must be non-negative, got {temperature}.", "temperature", temperature
-        )
-    if temperature > 2.0:
-        raise validation_error(
-            f"temperature must be in [0, 2], got {temperature}.", "temperature", temperature
-        )
-    top_p = p["top_p"]
-    if not 0.0 < top_p <= 1.0:
-        raise validation_error(f"top_p must be in (0, 1], got {top_p}.", "top_p", top_p)
-    if p["top_k"] < -1:
-        raise validation_error(f"top_k must be 0 (disable), or at least 1, got {p['top_k']}.")
-    if not 0.0 <= p["min_p"] <= 1.0:
-        raise validation_error(f"min_p must be in [0, 1], got {p['min_p']}.")
-    max_tokens = p["max_tokens"]
-    if max_tokens is not None and max_tokens < 1:
-        raise validation_error(
-            f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens
-        )
-    min_tokens = p["min_tokens"]
-    if min_tokens < 0:
-        raise validation_error(f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
-    if max_tokens is not None and min_tokens > max_tokens:
-        raise validation_error(
-            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
-        )
-    interval = p["stream_interval"]
-    if interval is not None and interval < 1:
-        raise validation_error(
-            f"stream_interval must be at least 1, got {interval}.", "stream_interval", interval
-        )
-    if logprobs is not None and logprobs != -1 and logprobs < 0:
-        raise validation_error(
-            f"logprobs must be non-negative or -1, got {logprobs}.", "logprobs", logprobs
-        )
-    prompt_logprobs = p["prompt_logprobs"]
-    if prompt_logprobs is not None and prompt_logprobs != -1 and prompt_logprobs < 0:
-        raise validation_error(
-            f"prompt_logprobs must be non-negative or -1, got {prompt_logprobs}.",
-            "prompt_logprobs",
-            prompt_logprobs,
-        )
-    if any(not s for s in stop):
-        raise validation_error("stop cannot contain an empty string.")
-    if stop and not p["detokenize"]:
-        raise validation_error(
-            "stop strings are only supported when detokenize is True. "
-            "Set detokenize=True to use stop."
-        )
-    bad_words = list(dict.fromkeys(p["bad_words"] or []))
-    if any(not w for w in bad_words):
-        raise validation_error(
-            f"bad_words cannot contain an empty string. Got bad_words={bad_words}"
-        )
-    if temperature < _SAMPLING_EPS and n > 1:  # _verify_greedy_sampling
-        raise validation_error(f"n must be 1 when using greedy sampling, got {n}.")
-    structured = p["structured_outputs"]
-    constraint = None
-    if isinstance(structured, dict):
-        constraint = next(
-            (name, structured[name]) for name in _CONSTRAINTS if structured[name] is not None
-        )
-    unmodelled = tuple(
-        name
-        for name, is_set in (
-            ("watermarking", bool(p["watermarking"])),
-            ("prompt_logprob_token_ids", p["prompt_logprob_token_ids"] is not None),
-            ("prompt_logprob_start", p["prompt_logprob_start"] is not None),
-            ("logprob_token_ids", bool(p["logprob_token_ids"])),
-            ("allowed_token_ids", p["allowed_token_ids"] is not None),
-            ("bad_words", bool(bad_words)),
-            ("thinking_token_budget", p["thinking_token_budget"] is not None),
-            ("repetition_detection", p["repetition_detection"] is not None),
-            ("trace_decode_token_ids", p["trace_decode_token_ids"] is not None),
-        )
-        if is_set
-    )
-    return Sampling(
-        n=n,
-        temperature=temperature,
-        seed=seed,
-        stop=tuple(stop),
-        stop_token_ids=tuple(stop_ids),
-        ignore_eos=p["ignore_eos"],
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        detokenize=p["detokenize"],
-        skip_special_tokens=p["skip_special_tokens"],
-        include_stop_str_in_output=p["include_stop_str_in_output"],
-        constraint=constraint,
-        logit_bias=p["logit_bias"],
-        routed_experts_prompt_start=p["routed_experts_prompt_start"],
-        unmodelled=unmodelled,
+        parallel_tool_calls=context.parallel_tool_calls,
+        include_reasoning=context.include_reasoning,
+        chat_template_kwargs=dict(context.chat_template_kwargs),
+        history_tool_call_cnt=context.history_tool_call_cnt,
     )
 
 
@@ -1249,7 +381,7 @@ def _emulator_refusals(f: _Fields, server: VllmServer) -> None:
 
 def _check_tag(text: Any, server: VllmServer) -> None:
     """A structural tag is served only if the emulator's render route minted
-    it for this server's tool parser (`vllm_tag`): xgrammar's are not
+    it for this server's tool parser (`vllm.tag`): xgrammar's are not
     modelled."""
     tag = read_tag(text)
     if tag is None:

@@ -6,7 +6,8 @@
 request into the ``GenerateRequest`` the chat route would have sampled, in
 this order:
 
-1. FastAPI + pydantic parse the body into CP ``ChatCompletionRequest``: its
+1. FastAPI + pydantic parse the body into CP ``ChatCompletionRequest``
+   (here the pydantic model of `chat_protocol`): its
    "before" model validators first (pydantic runs them last-defined first:
    ``check_generation_prompt``, ``check_tool_usage``,
    ``check_structured_outputs_count``, ``check_logprobs``,
@@ -18,15 +19,14 @@ this order:
 3. OR ``render_chat``: tool_choice without a tool parser, a request chat
    template, per-request multimodal kwargs, ``max_tokens`` over the context
    (``renderers/params.py`` ``TokenizeParams``); the template
-   (``renderers/hf.py`` ``safe_apply_chat_template``, ``tokenize=False``),
-   then tokenization without special tokens (``build_tok_params``:
-   ``add_special_tokens`` is the request's, false by default), the prompt
-   length; then the parsers' ``adjust_request`` (``preprocess_chat``):
-   ``DelegatingParser._apply_structural_tag`` and the tool parser's JSON
-   schema (``parser/abstract_parser.py``, ``tool_parsers/abstract_tool_parser.py``),
-   ``skip_special_tokens``.
+   (``renderers/hf.py`` ``safe_apply_chat_template``, ``tokenize=False``:
+   `hf_renderer`), then tokenization without special tokens
+   (``build_tok_params``: ``add_special_tokens`` is the request's, false by
+   default), the prompt length; then the parsers' ``adjust_request``
+   (``preprocess_chat``: `adjust_request`).
 4. RS: ``get_max_tokens``, ``to_sampling_params`` (``SamplingParams``'
-   checks), ``reasoning_ended``, the ``ParseContext``.
+   checks: `sampling.post_init`), ``reasoning_ended`` (`reasoning_end`),
+   the ``ParseContext``.
 
 The answer is ``GenerateRequest.model_dump()`` (TP
 ``entrypoints/scale_out/token_in_token_out/protocol.py``; fields in its
@@ -38,7 +38,7 @@ value *is* its default object (identity, checked with msgspec 0.22): bools,
 resolves (new objects) stay, as do ``[]`` where the default is ``None``.
 
 The structural tag xgrammar would build is replaced by the emulator's own
-(`vllm_tag`). What the emulator does not model is refused (400
+(`tag`). What the emulator does not model is refused (400
 ``BadRequestError``, "the emulator does not model ..."), after vLLM's checks
 that precede rendering.
 """
@@ -48,52 +48,40 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import jinja2
+from pydantic import ValidationError
 
-from rollout_session.emulator.vllm.generate import (
-    _CONSTRAINTS,
-    _SAMPLING_FIELDS,
-    Loc,
+from rollout_session.emulator.vllm.adjust_request import (
+    Adjusted,
+    adjust,
+    extract,
+    response_format,
+)
+from rollout_session.emulator.vllm.chat_protocol import CHAT_BODY, Chat, chat_request
+from rollout_session.emulator.vllm.errors import (
     VllmError,
-    VllmServer,
-    _anything,
-    _Bad,
-    _bool,
-    _dict,
-    _Errors,
-    _float,
-    _int,
-    _int_or_str_list,
-    _json_body,
-    _list_of,
-    _optional,
-    _post_init,
-    _str,
-    _structured_outputs,
-    _tools,
-    body_error,
-    check_cache_salt,
-    check_one_constraint,
+    json_body,
     not_modelled,
-    random_uuid,
-    require_object,
+    pydantic_error,
+    require_json,
     validation_error,
 )
-from rollout_session.emulator.vllm.names import (
-    RENDER_REASONING_PARSERS,
-    RENDER_TOOL_PARSERS,
-    RenderToolParser,
+from rollout_session.emulator.vllm.generate import VllmServer
+from rollout_session.emulator.vllm.hf_renderer import ChatTemplate, conversation
+from rollout_session.emulator.vllm.names import RENDER_REASONING_PARSERS, RENDER_TOOL_PARSERS
+from rollout_session.emulator.vllm.reasoning_end import reasoning_ended
+from rollout_session.emulator.vllm.sampling import (
+    CONSTRAINTS,
+    SAMPLING_DEFAULTS,
+    SAMPLING_EPS,
+    post_init,
 )
-from rollout_session.emulator.vllm.tag import mint_tag
 
-__all__ = ["RENDER_PATH", "ChatTemplate", "generation_sampling_defaults", "render_chat"]
+__all__ = ["RENDER_PATH", "generation_sampling_defaults", "render_chat"]
 
 RENDER_PATH: Final = "/v1/chat/completions/render"
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # CP ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS.
 _DEFAULT_SAMPLING: Final = {
     "repetition_penalty": 1.0,
@@ -118,30 +106,6 @@ _GENERATION_KEYS: Final = (
     "skip_special_tokens",
 )
 _HF_DEFAULTS: Final = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
-_MAX_TEMP: Final = 1e-2
-_SAMPLING_EPS: Final = 1e-5
-# StructuredOutputsParams' public fields (SP), in declaration order.
-_NO_STRUCTURED_OUTPUTS: Final[Mapping[str, Any]] = {
-    "json": None,
-    "regex": None,
-    "choice": None,
-    "grammar": None,
-    "json_object": None,
-    "disable_any_whitespace": False,
-    "disable_additional_properties": False,
-    "whitespace_pattern": None,
-    "structural_tag": None,
-}
-# Reasoning markers and turn boundaries of the parsers modelled
-# (parser/qwen3.py THINK_*, TOOL_CALL_START, CHATML_TURN_BOUNDARIES;
-# parser/glm47_moe.py GLM_TURN_BOUNDARIES).
-_THINK: Final = ("<think>", "</think>")
-_TOOL_CALL_START: Final = "<tool_call>"
-_BOUNDARIES: Final = {
-    "qwen3": ("<|im_start|>", "<|im_end|>"),
-    "glm": ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
-}
-_ROLES: Final = ("system", "user", "assistant", "tool")
 # A serialised field kept whatever its value (`_sampling_params`).
 _ALWAYS: Final = object()
 # validate_request_mm_kwargs: what each per-request kwarg could change.
@@ -168,60 +132,6 @@ def generation_sampling_defaults(model_dir: str | Path) -> dict[str, Any]:
     return out
 
 
-class ChatTemplate:
-    """The worker's tokenizer and chat template, as vLLM's HF renderer uses them."""
-
-    def __init__(self, tokenizer: Any, chat_template: str) -> None:
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template
-        self._vocab: dict[str, int] | None = None
-
-    def render(
-        self,
-        conversation: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
-    ) -> str:
-        """``safe_apply_chat_template`` with ``tokenize=False``; a template
-        that raises is vLLM's 400 with the template's own reason."""
-        try:
-            text = self.tokenizer.apply_chat_template(
-                conversation,
-                tools=tools,
-                chat_template=self.chat_template,
-                tokenize=False,
-                **kwargs,
-            )
-        except Exception as exc:
-            # safe_apply_chat_template: any failure is a VLLMValidationError
-            # carrying the template's reason (_template_error_reason).
-            raise VllmError(_template_reason(exc)) from None
-        if not isinstance(text, str):
-            raise VllmError(f"the chat template returned {type(text).__name__}, not text")
-        return text
-
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def token_id(self, token: str) -> int | None:
-        if self._vocab is None:
-            self._vocab = dict(self.tokenizer.get_vocab())
-        return self._vocab.get(token)
-
-
-def _template_reason(exc: BaseException) -> str:
-    """``renderers/hf.py`` ``_template_error_reason``: the first jinja error
-    in the cause chain, else the exception's text."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, jinja2.TemplateError):
-            return str(current)
-        current = current.__cause__ or current.__context__
-    return str(exc)
-
-
 # -- 1. the body -------------------------------------------------------------
 
 
@@ -235,294 +145,6 @@ def _merge(
     }
 
 
-def _named(choice: Any) -> str | None:
-    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        return name if isinstance(name, str) else None
-    return None
-
-
-def _before_validators(data: dict[str, Any]) -> None:
-    """CP's "before" model validators, last-defined first (as pydantic runs
-    them); each raises ``VLLMValidationError``."""
-    # check_generation_prompt
-    if data.get("continue_final_message") and data.get("add_generation_prompt"):
-        raise validation_error(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
-        )
-    _check_tool_usage(data)
-    _check_structured_outputs_count(data)
-    _check_logprobs(data)
-    # validate_stream_options
-    if data.get("stream_options") and not data.get("stream"):
-        raise validation_error(
-            "Stream options can only be defined when `stream=True`.", "stream_options"
-        )
-    # validate_response_format
-    fmt = data.get("response_format")
-    if (
-        isinstance(fmt, dict)
-        and fmt.get("type") == "json_schema"
-        and fmt.get("json_schema") is None
-    ):
-        raise validation_error(
-            "When response_format type is 'json_schema', the 'json_schema' field must be provided.",
-            "response_format",
-        )
-    # _normalize_messages_before: reasoning_content is read as reasoning.
-    messages = data.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict):
-                reasoning = message.pop("reasoning_content", None)
-                if reasoning is not None and message.get("reasoning") is None:
-                    message["reasoning"] = reasoning
-    check_cache_salt(data.get("cache_salt"))  # check_cache_salt_support
-
-
-def _check_tool_usage(data: dict[str, Any]) -> None:
-    """CP ``check_tool_usage``; sets the default ``tool_choice`` "auto"."""
-    if data.get("tools") == []:
-        raise validation_error(
-            "`tools` must not be an empty array. Either provide at least one tool or omit "
-            "the field entirely.",
-            "tools",
-        )
-    if "tool_choice" not in data and data.get("tools"):
-        data["tool_choice"] = "auto"
-    choice = data.get("tool_choice")
-    if choice == "none" or choice is None:
-        return
-    if data.get("tools") is None:
-        raise validation_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
-    if choice not in ("auto", "required") and not isinstance(choice, dict):
-        raise validation_error(
-            f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" '
-            'or "required" are supported.',
-            "tool_choice",
-        )
-    if not isinstance(choice, dict):
-        return
-    usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
-    function = choice.get("function")
-    if not isinstance(function, dict):
-        raise validation_error(
-            f"Invalid value for `function`: `{function}` in `tool_choice`! {usage}",
-            "tool_choice.function",
-        )
-    if "name" not in function:
-        raise validation_error(
-            f"Expected field `name` in `function` in `tool_choice`! {usage}",
-            "tool_choice.function.name",
-        )
-    name = function["name"]
-    if not isinstance(name, str) or not name:
-        raise validation_error(
-            f"Invalid `name` in `function`: `{name}` in `tool_choice`! {usage}",
-            "tool_choice.function.name",
-        )
-    tools = data["tools"] if isinstance(data["tools"], list) else []
-    if not any(
-        isinstance(t, dict)
-        and isinstance(t.get("function"), dict)
-        and t["function"].get("name") == name
-        for t in tools
-    ):
-        raise validation_error(
-            "The tool specified in `tool_choice` does not match any of the specified `tools`",
-            "tool_choice",
-        )
-
-
-def _check_structured_outputs_count(data: dict[str, Any]) -> None:
-    """CP ``check_structured_outputs_count`` (its structural-tag validation
-    aside: a user's structural tag is refused as not modelled later)."""
-    params = data.get("structured_outputs")
-    if not isinstance(params, dict):
-        return
-    count = sum(params.get(k) is not None for k in ("json", "regex", "choice"))
-    if count > 1:
-        raise validation_error(
-            "You can only use one kind of constraints for structured outputs ('json', "
-            "'regex' or 'choice')."
-        )
-    if count > 0 and data.get("tool_choice", "none") not in ("none", "auto", "required"):
-        raise validation_error(
-            "You can only either use constraints for structured outputs or tools, not both."
-        )
-
-
-def _check_logprobs(data: dict[str, Any]) -> None:
-    """CP ``check_logprobs``."""
-    if data.get("logprob_token_ids") and data.get("use_beam_search"):
-        raise validation_error(
-            "`logprob_token_ids` is not supported with beam search.", "logprob_token_ids"
-        )
-    if data.get("logprob_token_ids") and not data.get("logprobs"):
-        raise validation_error(
-            "when using `logprob_token_ids`, `logprobs` must be set to true.",
-            "logprob_token_ids",
-        )
-    for name in ("prompt_logprobs", "top_logprobs"):
-        value = data.get(name)
-        if value is not None and not isinstance(value, int | float):
-            raise validation_error(f"`{name}` must be an integer.", name, value)
-    prompt = data.get("prompt_logprobs")
-    if prompt is not None:
-        if data.get("stream") and (prompt > 0 or prompt == -1):
-            raise validation_error(
-                "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
-            )
-        if prompt < 0 and prompt != -1:
-            raise validation_error(
-                "`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", prompt
-            )
-    top = data.get("top_logprobs")
-    if top is not None:
-        if top < 0 and top != -1:
-            raise validation_error(
-                "`top_logprobs` must be a positive value or -1.", "top_logprobs", top
-            )
-        if (top == -1 or top > 0) and not data.get("logprobs"):
-            raise validation_error(
-                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
-            )
-
-
-Check = Callable[[Any, Loc, _Errors], Any]
-
-
-def _bounded(check: Check, ge: int | None = None, le: int | None = None) -> Check:
-    """An int field with pydantic's ``ge``/``le`` (``None`` passes)."""
-
-    def bounded(v: Any, loc: Loc, errs: _Errors) -> Any:
-        value = check(v, loc, errs)
-        if not isinstance(value, int) or isinstance(value, bool):
-            return value
-        if ge is not None and value < ge:
-            errs.add(
-                "greater_than_equal",
-                loc,
-                f"Input should be greater than or equal to {ge}",
-                value,
-                {"ge": ge},
-            )
-            return _Bad()
-        if le is not None and value > le:
-            errs.add(
-                "less_than_equal",
-                loc,
-                f"Input should be less than or equal to {le}",
-                value,
-                {"le": le},
-            )
-            return _Bad()
-        return value
-
-    return bounded
-
-
-def _float_map(v: Any, loc: Loc, errs: _Errors) -> Any:
-    """``dict[str, float]`` (``logit_bias``)."""
-    values = _dict(v, loc, errs)
-    if isinstance(values, _Bad):
-        return values
-    before = len(errs.items)
-    out = {key: _float(x, (*loc, key), errs) for key, x in values.items()}
-    return _Bad() if len(errs.items) > before else out
-
-
-def _top_logprobs(v: Any, loc: Loc, errs: _Errors) -> Any:
-    """``TopLogprobsParam``: null is 0."""
-    return 0 if v is None else _int(v, loc, errs)
-
-
-def _salt(v: Any, loc: Loc, errs: _Errors) -> Any:
-    value = _str(v, loc, errs)
-    if isinstance(value, str) and len(value) > 1024:
-        errs.add(
-            "string_too_long",
-            loc,
-            "String should have at most 1024 characters",
-            value,
-            {"max_length": 1024},
-        )
-        return _Bad()
-    return value
-
-
-# CP ChatCompletionRequest's fields after `messages`, in declaration order:
-# (check, default). Fields not listed are accepted and ignored (extra="allow").
-_FIELDS: Final[Mapping[str, tuple[Check, Any]]] = {
-    "model": (_optional(_str), None),
-    "frequency_penalty": (_optional(_float), None),
-    "logit_bias": (_optional(_float_map), None),
-    "logprobs": (_optional(_bool), False),
-    "top_logprobs": (_top_logprobs, 0),
-    "max_tokens": (_optional(_int), None),
-    "max_completion_tokens": (_optional(_int), None),
-    "n": (_optional(_int), 1),
-    "presence_penalty": (_optional(_float), None),
-    "response_format": (_anything, None),  # its shapes: `_response_format`
-    "seed": (_optional(_bounded(_int, _INT64_MIN, _INT64_MAX)), None),
-    "stop": (_int_or_str_list, []),
-    "stream": (_optional(_bool), False),
-    "stream_options": (_optional(_dict), None),
-    "temperature": (_optional(_float), None),
-    "top_p": (_optional(_float), None),
-    "tools": (_tools, None),
-    "tool_choice": (_anything, "none"),  # check_tool_usage read it
-    "reasoning_effort": (_anything, None),
-    "thinking_token_budget": (_anything, None),
-    "include_reasoning": (_bool, True),
-    "parallel_tool_calls": (_optional(_bool), True),
-    "user": (_optional(_str), None),
-    "use_beam_search": (_bool, False),
-    "top_k": (_optional(_int), None),
-    "min_p": (_optional(_float), None),
-    "repetition_penalty": (_optional(_float), None),
-    "watermarking": (_optional(_bool), None),
-    "length_penalty": (_float, 1.0),
-    "stop_token_ids": (_optional(_list_of(_int)), []),
-    "include_stop_str_in_output": (_bool, False),
-    "ignore_eos": (_bool, False),
-    "min_tokens": (_int, 0),
-    "skip_special_tokens": (_optional(_bool), None),
-    "spaces_between_special_tokens": (_bool, True),
-    "truncate_prompt_tokens": (_anything, None),
-    "truncation_side": (_anything, None),
-    "prompt_logprobs": (_optional(_int), None),
-    "logprob_token_ids": (_optional(_list_of(_int)), None),
-    "allowed_token_ids": (_optional(_list_of(_int)), None),
-    "bad_words": (_list_of(_str), []),
-    "echo": (_bool, False),
-    "add_generation_prompt": (_bool, True),
-    "continue_final_message": (_bool, False),
-    "add_special_tokens": (_bool, False),
-    "documents": (_anything, None),
-    "chat_template": (_optional(_str), None),
-    "chat_template_kwargs": (_optional(_dict), None),
-    "media_io_kwargs": (_optional(_dict), None),
-    "mm_processor_kwargs": (_optional(_dict), None),
-    "structured_outputs": (_structured_outputs, None),
-    "priority": (_bounded(_int, _INT64_MIN, _INT64_MAX), 0),
-    "request_id": (_str, None),
-    "session_id": (_optional(_str), None),
-    "return_tokens_as_token_ids": (_optional(_bool), None),
-    "return_token_ids": (_optional(_bool), None),
-    "return_weight_versions": (_bool, False),
-    "routed_experts_prompt_start": (_bounded(_int, 0), 0),
-    "return_token_offsets": (_optional(_bool), False),
-    "return_prompt_text": (_optional(_bool), None),
-    "mm_payload": (_anything, "tensors"),
-    "return_mm_kwargs": (_anything, None),
-    "cache_salt": (_optional(_salt), None),
-    "kv_transfer_params": (_optional(_dict), None),
-    "ec_transfer_params": (_optional(_dict), None),
-    "vllm_xargs": (_optional(_dict), None),
-    "repetition_detection": (_anything, None),
-    "stream_interval": (_optional(_bounded(_int, 1)), None),
-}
 # Fields the emulator does not model: (field, set?) -> what it would change.
 _UNMODELLED: Final[Sequence[tuple[str, Callable[[Any], bool], str]]] = (
     ("reasoning_effort", lambda v: v is not None, "reasoning_effort (template kwargs)"),
@@ -545,431 +167,26 @@ _UNMODELLED: Final[Sequence[tuple[str, Callable[[Any], bool], str]]] = (
 )
 
 
-@dataclass
-class _Chat:
-    """The request after stage 1: its fields with pydantic's defaults."""
-
-    messages: list[Any]
-    f: dict[str, Any]
-
-    @property
-    def named(self) -> str | None:
-        return _named(self.f["tool_choice"])
-
-    @property
-    def tool_choice(self) -> Any:
-        return self.f["tool_choice"]
-
-
-def _parse(body: Any) -> _Chat:
-    """Stage 1: CP's validators, then its fields."""
-    errs = _Errors()
-    data = copy.deepcopy(require_object(body))
-    _before_validators(data)
-    messages: Any = []
-    if "messages" not in data:
-        errs.add("missing", ("body", "messages"), "Field required", data)
-    else:
-        checked = _list_of(_anything)(data["messages"], ("body", "messages"), errs)
-        messages = checked if isinstance(checked, list) else []
-    f: dict[str, Any] = {}
-    for name, (check, default) in _FIELDS.items():
-        f[name] = check(data[name], ("body", name), errs) if name in data else default
-    errs.raise_if_any()
-    if f["request_id"] is None:
-        f["request_id"] = random_uuid()
-    tools = f["tools"]
-    f["tools"] = None if tools is None else [_dump_tool(t) for t in tools]
-    return _Chat(messages, f)
-
-
-def _lax_bool(v: Any) -> Any:
-    value = _bool(v, (), _Errors())
-    return None if isinstance(value, _Bad) else value
-
-
-def _dump_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """``ChatCompletionToolsParam.model_dump()``: ``{type, function: {name,
-    description, parameters[, strict][, defer_loading]}[, defer_loading]}``
-    (its serializers drop unknown keys and unset flags; the tool's
-    ``defer_loading`` is copied to its function's)."""
-    function = tool["function"]
-    defer = None if tool.get("defer_loading") is None else _lax_bool(tool["defer_loading"])
-    dumped: dict[str, Any] = {
-        "name": function["name"],
-        "description": function.get("description"),
-        "parameters": copy.deepcopy(function.get("parameters")),
-    }
-    if function.get("strict") is not None:
-        dumped["strict"] = _lax_bool(function["strict"])
-    fn_defer = function.get("defer_loading")
-    fn_defer = defer if fn_defer is None else _lax_bool(fn_defer)
-    if fn_defer is not None:
-        dumped["defer_loading"] = fn_defer
-    out: dict[str, Any] = {"type": "function", "function": dumped}
-    if defer is not None:
-        out["defer_loading"] = defer
-    return out
-
-
-# -- 3. rendering ----------------------------------------------------------------
-
-
-def _text(content: Any, where: str) -> str:
-    """A message's content as vLLM's "string" content format renders it: a
-    string, null as "", text parts joined with newlines."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif (
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and isinstance(part.get("text"), str)
-            ):
-                texts.append(part["text"])
-            else:
-                raise not_modelled(f"content parts other than text ({where})", "messages")
-        return "\n".join(texts)
-    raise not_modelled(f"message content that is not text ({where})", "messages")
-
-
-def _arguments(value: Any) -> dict[str, Any]:
-    """``_postprocess_messages``: a tool call's arguments as the dict
-    templates expect (an unreadable or non-object string is ``{}``)."""
-    if not value:
-        return {}
-    parsed = value
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = None
-    return parsed if isinstance(parsed, dict) else {}
-
-
-def _conversation(messages: list[Any]) -> list[dict[str, Any]]:
-    """``renderers/chat_utils/chat_message.py`` ``parse_chat_messages`` for
-    text messages: role, content, an assistant's tool calls (arguments as
-    dicts) and reasoning (also as ``reasoning_content``), a tool message's
-    ``tool_call_id``, ``name``."""
-    conversation = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        role = message.get("role") if isinstance(message, dict) else None
-        if role not in _ROLES:
-            raise not_modelled(
-                f"{where}: it renders messages of role {', '.join(_ROLES)}", "messages"
-            )
-        assert isinstance(message, dict)
-        out: dict[str, Any] = {"role": role, "content": _text(message.get("content"), where)}
-        if role == "assistant":
-            calls = message.get("tool_calls")
-            if calls is not None:
-                if not isinstance(calls, list):
-                    raise not_modelled(f"{where}: tool_calls that are not a list", "messages")
-                if calls:
-                    out["tool_calls"] = [_tool_call(call) for call in calls]
-            reasoning = message.get("reasoning")
-            if reasoning is not None:
-                if not isinstance(reasoning, str):
-                    raise not_modelled(f"{where}: reasoning that is not text", "messages")
-                out["reasoning"] = out["reasoning_content"] = reasoning
-        elif role == "tool" and "tool_call_id" in message:
-            out["tool_call_id"] = message["tool_call_id"]
-        if isinstance(message.get("name"), str):
-            out["name"] = message["name"]
-        conversation.append(out)
-    return conversation
-
-
-def _tool_call(call: Any) -> dict[str, Any]:
-    if not isinstance(call, dict):
-        raise validation_error("assistant tool_calls entries must be objects.", "tool_calls")
-    function = call.get("function")
-    if call.get("type", "function") != "function" or not isinstance(function, dict):
-        raise validation_error(
-            "chat completions only support assistant tool_calls of type 'function'.",
-            "tool_calls",
-        )
-    out = copy.deepcopy(call)
-    out["function"]["arguments"] = _arguments(function.get("arguments"))
-    return out
-
-
-# -- 3b. adjust_request ------------------------------------------------------------
-
-
-def _response_format(value: Any) -> dict[str, Any] | None:
-    """The ``response_format`` shapes modelled: ``text``, ``json_object``,
-    ``json_schema`` with ``{name, schema}``."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        kind = value.get("type")
-        if kind in ("text", "json_object"):
-            return {"type": kind}
-        spec = value.get("json_schema")
-        if (
-            kind == "json_schema"
-            and isinstance(spec, dict)
-            and isinstance(spec.get("name"), str)
-            and (spec.get("schema") is None or isinstance(spec["schema"], dict))
-        ):
-            return {"type": kind, "schema": spec.get("schema")}
-        if kind == "structural_tag":
-            raise not_modelled("response_format structural_tag", "response_format")
-    raise not_modelled(
-        "a response_format other than text, json_object or json_schema {name, schema}",
-        "response_format",
-    )
-
-
-def _extract(
-    structured: Mapping[str, Any] | None, fmt: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """``structured_outputs_from_response_format``: the response format
-    overrides the request's structured outputs (``dataclasses.replace``)."""
-    if fmt is None or fmt["type"] == "text":
-        return None if structured is None else dict(structured)
-    override = {"json_object": True} if fmt["type"] == "json_object" else {"json": fmt["schema"]}
-    params = {**(structured or _NO_STRUCTURED_OUTPUTS), **override}
-    check_one_constraint(params)
-    return params
-
-
-def _tool_params(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """``_params_or_empty_object``."""
-    params = tool["function"].get("parameters")
-    return params if params else {"type": "object", "properties": {}}
-
-
-def _json_schema(chat: _Chat, tools: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """``tool_parsers/utils.py`` ``get_json_schema_from_tools`` for a chat
-    request: a named function's parameters, or the "required" array (its
-    tools' ``$defs`` moved to the top: popped from the request's tools)."""
-    named = chat.named
-    if named is not None:
-        tool = next(t for t in tools if t["function"]["name"] == named)  # checked in stage 1
-        return _tool_params(tool)
-    if chat.tool_choice != "required":
-        return None
-    items = [
-        {
-            "properties": {
-                "name": {"type": "string", "enum": [t["function"]["name"]]},
-                "parameters": _tool_params(t),
-            },
-            "required": ["name", "parameters"],
-        }
-        for t in tools
-    ]
-    schema: dict[str, Any] = {
-        "type": "array",
-        "minItems": 1,
-        "items": {"type": "object", "anyOf": items},
-    }
-    if chat.f["parallel_tool_calls"] is False:
-        schema["maxItems"] = 1
-    defs: dict[str, Any] = {}
-    for tool in tools:
-        params = tool["function"].get("parameters")
-        if params is None:
-            continue
-        found = params.pop("$defs", {})
-        name = tool["function"]["name"]
-        if not isinstance(found, dict):
-            raise validation_error(
-                f"`$defs` in the parameters of tool '{name}' must be an object, got "
-                f"{type(found).__name__}.",
-                "tools",
-            )
-        for key, value in found.items():
-            if key in defs and defs[key] != value:
-                raise validation_error(
-                    f"Tool definition '{key}' has multiple schemas, which is not supported.",
-                    "tools",
-                )
-            defs[key] = value
-    if defs:
-        schema["$defs"] = defs
-    return schema
-
-
-@dataclass
-class _Adjusted:
-    """What ``adjust_request`` left in the request."""
-
-    structured_outputs: dict[str, Any] | None
-    response_format: dict[str, Any] | None
-    skip_special_tokens: bool | None
-
-
-def _adjust(chat: _Chat, server: VllmServer, structured: Any, fmt: Any) -> _Adjusted:
-    """OR ``preprocess_chat``'s tail: the parsers' ``adjust_request``
-    (``DelegatingParser.adjust_request``: the reasoning parser's, then
-    ``_apply_structural_tag``, then the tool parser's)."""
-    out = _Adjusted(structured, fmt, chat.f["skip_special_tokens"])
-    tool_name, reasoning_name = server.tool_call_parser, server.reasoning_parser
-    choice = chat.tool_choice
-    if (tool_name is None and reasoning_name is None) or (
-        reasoning_name is None and choice == "none"
-    ):
-        return out
-    if reasoning_name is not None and RENDER_REASONING_PARSERS[reasoning_name].engine:
-        out.skip_special_tokens = False
-    if tool_name is None:
-        return out
-    parser = RENDER_TOOL_PARSERS[tool_name]
-    tools = chat.f["tools"]
-    if tools and (choice in ("auto", "required") or chat.named is not None):
-        tag = _structural_tag(chat, tool_name, parser, tools, _extract(structured, fmt))
-        if tag is not None:
-            out.structured_outputs = {**_NO_STRUCTURED_OUTPUTS, "structural_tag": tag}
-            out.response_format = None
-    # The tool parser's adjust_request.
-    if (
-        tools
-        and parser.json_schema
-        and not (
-            out.structured_outputs and out.structured_outputs.get("structural_tag") is not None
-        )
-    ):
-        schema = _json_schema(chat, tools)
-        if schema is not None:
-            out.structured_outputs = {**_NO_STRUCTURED_OUTPUTS, "json": schema}
-            out.response_format = None
-    if parser.skip_special == "always" or (
-        parser.skip_special == "with_tools" and tools and choice != "none"
-    ):
-        out.skip_special_tokens = False
-    return out
-
-
-def _structural_tag(
-    chat: _Chat,
-    parser_name: str,
-    parser: RenderToolParser,
-    tools: list[dict[str, Any]],
-    structured: dict[str, Any] | None,
-) -> str | None:
-    """``DelegatingParser._apply_structural_tag`` with the emulator's tag:
-    whether ``resolve_tool_strictness`` keeps the tools (not for "auto" at
-    strict level AUTO without a strict tool; ``parallel_tool_calls: false``
-    raises the level to FUNCTION unless "auto" has a structured output;
-    glm45/glm47 default to FUNCTION), and "auto"'s structured output folded
-    in (``OrFormat``)."""
-    if not parser.structural_tag:
-        return None
-    is_auto = chat.tool_choice == "auto"
-    single = chat.f["parallel_tool_calls"] is False
-    function_level = parser.function_level or (single and not (is_auto and structured is not None))
-    strict = [t["function"]["name"] for t in tools if t["function"].get("strict") is True]
-    if is_auto and not function_level and not strict:
-        return None
-    fmt: dict[str, Any] | None = None
-    if is_auto and structured is not None:
-        fmt = _tag_format(structured)
-    return mint_tag(
-        parser=parser_name,
-        tools=[t["function"]["name"] for t in tools],
-        tool_choice=None if chat.named is not None else str(chat.tool_choice),
-        named=chat.named,
-        strict=strict,
-        stop_after_first=single,
-        response_format=fmt,
-    )
-
-
-def _tag_format(structured: Mapping[str, Any]) -> dict[str, Any]:
-    """``structured_outputs_to_format`` for the outputs modelled."""
-    if structured.get("json_object"):
-        return {"json_object": True}
-    schema = structured.get("json")
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
-            raise VllmError(f"structured_outputs.json is not JSON: {exc}") from None
-    return {"json": schema}
+def _parse(body: Any) -> Chat:
+    """Stage 1: CP's "before" validators, then its fields (pydantic)."""
+    try:
+        return chat_request(CHAT_BODY(body))
+    except ValidationError as exc:
+        raise pydantic_error(exc) from None
 
 
 # -- 4. the answer -----------------------------------------------------------------
 
 
-def _reasoning_ended(
-    chat: _Chat,
-    server: VllmServer,
-    kwargs: Mapping[str, Any],
-    ids: Sequence[int],
-    template: ChatTemplate,
-) -> bool | None:
-    """CP ``resolve_reasoning_ended``: True without ``include_reasoning``;
-    None without a reasoning parser; else the parser's ``is_reasoning_end``
-    over the prompt ids (`vllm_names.RenderReasoningParser`)."""
-    if not chat.f["include_reasoning"]:
-        return True
-    name = server.reasoning_parser
-    if name is None:
-        return None
-    reads = RENDER_REASONING_PARSERS[name].reads
-    start, end = (template.token_id(t) for t in _THINK)
-    if reads == "think_if_thinking":
-        if not (bool(kwargs.get("thinking", False)) or bool(kwargs.get("enable_thinking", False))):
-            return True  # IdentityReasoningParser
-        reads = "think"
-    if reads == "think":  # BaseThinkingReasoningParser.is_reasoning_end
-        for token in reversed(ids):
-            if token == start:
-                return False
-            if token == end:
-                return True
-        return False
-    if reads == "qwen3":  # Qwen3Parser: thinking unless enable_thinking is off
-        thinking = bool(kwargs.get("enable_thinking", True))
-    else:  # Glm47MoeParser
-        flags = (kwargs.get("thinking"), kwargs.get("enable_thinking"))
-        if False in flags and _always_thinks(template.chat_template):
-            flags = (None, None)
-        thinking = flags == (None, None) or bool(flags[0]) or bool(flags[1])
-    if not thinking:  # not waiting for reasoning: ended
-        return True
-    ends = {template.token_id(_THINK[1]), template.token_id(_TOOL_CALL_START)} - {None}
-    bounds = {template.token_id(t) for t in _BOUNDARIES[reads]} - {None}
-    for token in reversed(ids):  # ParserEngine.is_reasoning_end
-        if token in ends:
-            return True
-        if token == start or token in bounds:
-            return False
-    return False
-
-
-def _always_thinks(chat_template: str) -> bool:
-    """``parser/glm47_moe.py`` ``_glm53_always_thinks``."""
-    return (
-        "[gMASK]<sop>" in chat_template
-        and "Reasoning Effort:" in chat_template
-        and "enable_thinking" not in chat_template
-        and "<tool_call>" in chat_template
-        and "<arg_key>" in chat_template
-        and "<arg_value>" in chat_template
-    )
-
-
 def _sampling_params(
-    chat: _Chat,
+    chat: Chat,
     server: VllmServer,
-    adjusted: _Adjusted,
+    adjusted: Adjusted,
     structured: dict[str, Any] | None,
     max_tokens: int,
 ) -> dict[str, Any]:
     """CP ``to_sampling_params`` → ``SamplingParams.from_optional`` →
-    ``__post_init__``/``_verify_args`` (`vllm_generate._post_init`'s checks),
+    ``__post_init__``/``_verify_args`` (`sampling.post_init`),
     serialised as msgspec's ``omit_defaults`` does (module docstring)."""
     f = chat.f
     defaults = server.sampling_defaults
@@ -999,7 +216,7 @@ def _sampling_params(
             )
     n = 1 if f["n"] is None else f["n"]
     logprobs = f["top_logprobs"] if f["logprobs"] else None
-    p: dict[str, Any] = {name: default for name, (_, default) in _SAMPLING_FIELDS.items()}
+    p: dict[str, Any] = dict(SAMPLING_DEFAULTS)
     p.update(
         resolved,
         n=n,
@@ -1017,10 +234,10 @@ def _sampling_params(
         logit_bias=logit_bias,
         routed_experts_prompt_start=f["routed_experts_prompt_start"],
     )
-    sampling = _post_init(p)  # raises vLLM's refusals
+    sampling = post_init(p)  # raises vLLM's refusals
     temperature = sampling.temperature
     top_p, top_k, min_p = float(resolved["top_p"]), resolved["top_k"], float(resolved["min_p"])
-    if temperature < _SAMPLING_EPS:
+    if temperature < SAMPLING_EPS:
         top_p, top_k, min_p = 1.0, 0, 0.0
     stop = list(sampling.stop)
     include_stop = f["include_stop_str_in_output"]
@@ -1069,7 +286,7 @@ def _sampling_params(
 
 
 def _parse_context(
-    chat: _Chat, kwargs: Mapping[str, Any], tools: list[dict[str, Any]] | None
+    chat: Chat, kwargs: Mapping[str, Any], tools: list[dict[str, Any]] | None
 ) -> dict[str, Any]:
     """RS ``_build_parse_context``: TP ``ParseContext.model_dump()``."""
     named = chat.named
@@ -1090,15 +307,6 @@ def _parse_context(
     }
 
 
-def _stream_options(value: Mapping[str, Any]) -> dict[str, Any]:
-    """``StreamOptions.model_dump()``: its two flags (lax bools, false by
-    default), then extra keys (``extra="allow"``)."""
-    out: dict[str, Any] = {"include_usage": False, "continuous_usage_stats": False}
-    for key, flag in value.items():
-        out[key] = _lax_bool(flag) if key in out and flag is not None else flag
-    return out
-
-
 def render_chat(
     raw: bytes,
     content_type: str,
@@ -1108,10 +316,8 @@ def render_chat(
 ) -> dict[str, Any]:
     """The ``GenerateRequest`` dump vLLM answers, or `VllmError` (its
     ``reply()`` is vLLM's error body), in vLLM's order (module docstring)."""
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if media_type != "application/json":
-        raise body_error(["Unsupported Media Type: Only 'application/json' is allowed"])
-    chat = _parse(_json_body(raw))
+    require_json(content_type)
+    chat = _parse(json_body(raw))
     f = chat.f
     # 2. ServingRender.render_chat_request
     if f["model"] and f["model"] != server.model_name:  # BaseServing._check_model
@@ -1150,7 +356,7 @@ def render_chat(
     limit_name = "max_completion_tokens" if f["max_completion_tokens"] is not None else "max_tokens"
     limit = f[limit_name]
     context = server.context_length
-    if limit is not None and limit > context:  # TokenizeParams.__post_init__
+    if limit is not None and limit > context:  # TokenizeParams._post_init__
         raise validation_error(
             f"{limit_name}={limit} cannot be greater than max_model_len={context}. Please "
             "request fewer output tokens.",
@@ -1159,7 +365,7 @@ def render_chat(
         )
     _refuse_unmodelled(chat, server)
     structured_in = f["structured_outputs"]
-    fmt = _response_format(f["response_format"])
+    fmt = response_format(f["response_format"])
     # build_chat_params: the effective template kwargs (parse_context's), then
     # with_defaults({tools, tokenize}) for rendering (None and "auto" dropped).
     kwargs = (kwargs_in or {}) | {
@@ -1172,8 +378,8 @@ def render_chat(
         raise not_modelled("chat_template_kwargs.tokenize", "chat_template_kwargs")
     rendering.pop("return_dict", None)
     render_tools = rendering.pop("tools", None)
-    conversation = _conversation(chat.messages)
-    text = template.render(conversation, render_tools, rendering)
+    messages = conversation(chat.messages)
+    text = template.render(messages, render_tools, rendering)
     ids = template.encode(text, f["add_special_tokens"])
     if len(ids) > context:  # TokenizeParams._token_len_check (encoded to context + 1)
         count = context + 1
@@ -1184,13 +390,13 @@ def render_chat(
             "input_tokens",
             count,
         )
-    adjusted = _adjust(chat, server, structured_in, fmt)
+    adjusted = adjust(chat, server, structured_in, fmt)
     # 4. back in render_chat_request
     if not ids:
         raise VllmError("No token_ids rendered")
     fallback = limit if limit is not None else server.sampling_defaults.get("max_tokens")
     max_tokens = min(v for v in (context - len(ids), fallback) if v is not None)
-    structured = _extract(adjusted.structured_outputs, adjusted.response_format)
+    structured = extract(adjusted.structured_outputs, adjusted.response_format)
     sampling = _sampling_params(chat, server, adjusted, structured, max_tokens)
     reasoning = None if server.reasoning_parser is None else {"chat_template_kwargs": dict(kwargs)}
     stream = bool(f["stream"])
@@ -1202,15 +408,13 @@ def render_chat(
         "content_parts": None,
         "sampling_params": sampling,
         "model": f["model"],
-        "reasoning_ended": _reasoning_ended(chat, server, kwargs, ids, template),
+        "reasoning_ended": reasoning_ended(chat, server, kwargs, ids, template),
         "reasoning_parser_kwargs": reasoning,
         "return_token_ids": f["return_token_ids"],
         "output_mode": "tokens",
         "parse_context": _parse_context(chat, kwargs, f["tools"]),
         "stream": stream,
-        "stream_options": _stream_options(f["stream_options"])
-        if stream and f["stream_options"] is not None
-        else None,
+        "stream_options": f["stream_options"] if stream else None,
         "cache_salt": f["cache_salt"],
         "priority": f["priority"],
         "kv_transfer_params": None,
@@ -1218,7 +422,7 @@ def render_chat(
     }
 
 
-def _refuse_unmodelled(chat: _Chat, server: VllmServer) -> None:
+def _refuse_unmodelled(chat: Chat, server: VllmServer) -> None:
     """What vLLM renders and the emulator does not model."""
     f = chat.f
     for name, is_set, what in _UNMODELLED:
@@ -1226,7 +430,7 @@ def _refuse_unmodelled(chat: _Chat, server: VllmServer) -> None:
             raise not_modelled(f"{what} on {RENDER_PATH}", name)
     structured = f["structured_outputs"]
     if structured is not None:
-        kind = next(name for name in _CONSTRAINTS if structured[name] is not None)
+        kind = next(name for name in CONSTRAINTS if structured[name] is not None)
         if kind not in ("json", "json_object"):
             raise not_modelled(
                 f"structured_outputs.{kind} on {RENDER_PATH} (only json and json_object)",

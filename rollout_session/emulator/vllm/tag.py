@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from rollout_session.emulator.sglang.generate_params import ToolConstraint
+from rollout_session.emulator.model.forced_call import ToolConstraint
 
 __all__ = ["TAG_FORMAT", "EmulatorTag", "mint_tag", "read_tag", "tag_constraint"]
 
