@@ -5,7 +5,7 @@ Two measurements in one run, in-process, of the server's own turn functions
 template. The model is simulated: every answer is the template's own
 tokenisation of a text answer (`ReplayEngine`'s `Replay.of_text`:
 `prompt.model_output.answer_ids`, as the emulator and
-tests/unit/session/test_segments_property.py sample), so each segment's ids are what
+tests/unit/session/test_segments.py sample), so each segment's ids are what
 a real model trained on the template would have produced. The sessions'
 turns are real ones: `TurnRunner.run` in this process with that replay
 engine (benches/_turns.py). Timed on its own is the CPU time

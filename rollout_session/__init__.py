@@ -1,8 +1,9 @@
 """rollout-session: stateful token-trajectory session server for RL rollouts.
 
-Agents talk OpenAI chat to ``/sessions/{id}/v1``; the server keeps each
-session's exact token trajectory, pins its turns to one SGLang worker, and
-hands the trainer a training-ready document.
+Agents talk to ``/sessions/{id}/v1`` as to a model API (OpenAI chat
+completions, Responses, Anthropic Messages); the server keeps each
+session's exact token trajectory, sends every turn of a session to the same
+SGLang or vLLM worker, and hands the trainer a training-ready document.
 
 The public names are imported on first use: validation worker processes
 import an engine's ``answer`` module only, and must not pay for the web stack

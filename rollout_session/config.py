@@ -110,7 +110,7 @@ class Settings:
     healthy_after: int = 2
     # Circuit breaker on real traffic (sgl-model-gateway's defaults,
     # docs/reliability.md#failing-workers): this many failed turns in a row
-    # open it (no pins), after `circuit_open_s` chat probes test the worker
+    # open it (no pins), after `circuit_open_s` probes test the worker
     # and `circuit_successes` in a row close it.
     circuit_failures: int = 5
     circuit_successes: int = 2

@@ -114,7 +114,7 @@ _SERVER_OPTIONS: tuple[Option, ...] = (
     ("--unhealthy-after", "unhealthy_after", int, "consecutive failures → unhealthy"),
     ("--healthy-after", "healthy_after", int, "consecutive probe successes → healthy"),
     ("--circuit-failures", "circuit_failures", int, "consecutive failed turns → circuit open"),
-    ("--circuit-successes", "circuit_successes", int, "half-open chat probes → circuit closed"),
+    ("--circuit-successes", "circuit_successes", int, "half-open probes → circuit closed"),
     ("--circuit-open-s", "circuit_open_s", float, "seconds open before half-open probes"),
     ("--api-key", "api_key", str, "the trainer's key: sessions need it (docs/security.md)"),
     ("--admin-api-key", "admin_api_key", str, "the operator's key: workers, pause, metrics"),

@@ -56,7 +56,7 @@ class _StateCollector(Collector):
         )
         excused = CounterMetricFamily(
             "rollout_worker_circuit_excused",
-            "Times failed turns would have opened its circuit but its chat probe passed "
+            "Times failed turns would have opened its circuit but its probe passed "
             "(taken as the requests' fault)",
             labels=["worker"],
         )

@@ -38,7 +38,7 @@ Hypercorn's internals. Its public API, ``hypercorn.trio.serve``, runs its
 own accept loop with no hook for the listener or a connection, so neither
 the cap nor a connection ending with its client can be had through it (nor
 can an app: it never sees an idle connection). `_serve` therefore uses these,
-none of them documented API; tests/unit/http/test_serving_api.py checks each
+none of them documented API; tests/unit/http/test_serving.py checks each
 (names, signatures, and the behaviour they buy) and fails, naming it, on the
 first hypercorn release that changes one (CI installs the newest; what they
 buy is measured in docs/performance.md#serving-on-hypercorns-internals):
@@ -70,7 +70,7 @@ import trio
 from hypercorn.config import Config
 
 # Hypercorn's internals, not its API: these three, `ConnectionState` and
-# `wrap_app` (module doc; checked by tests/unit/http/test_serving_api.py).
+# `wrap_app` (module doc; checked by tests/unit/http/test_serving.py).
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext

@@ -1,7 +1,7 @@
 """Operator routes: the worker pool at run time, pausing, metrics.
 
 ``GET /workers`` shows the pool, ``POST /workers {"url"}`` adds a worker
-(it takes sessions once it passed an admission check: `engines/pool.py`),
+(it takes sessions once it passed an admission check: `engines/pool/health.py`),
 ``DELETE /workers?url=`` drains one (no new pins, in-flight turns finish) and
 removes it — the drain completes even if the request's client goes away; its
 sessions re-pin on their next turn. ``POST /admin/pause``
