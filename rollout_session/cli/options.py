@@ -179,7 +179,7 @@ def _env_default(
 # (flag, dest, help) of the repeatable URL flags; env: comma-separated
 # ROLLOUT_SESSION_<DEST>.
 URL_LISTS: tuple[tuple[str, str, str], ...] = (
-    ("--worker", "workers", "SGLang worker base URL (repeatable; env: comma-separated WORKERS)"),
+    ("--worker", "workers", "worker base URL (repeatable; env: comma-separated WORKERS)"),
     (
         "--teacher-worker",
         "teacher_workers",
@@ -234,7 +234,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str])
         "--demo",
         action="store_true",
         default=_env_default(env, "demo", _bool, False),
-        help="start the built-in SGLang emulator in-process (no GPU needed); it uses "
+        help="start built-in emulator workers of the engine in-process (no GPU needed); it uses "
         "--tokenizer and --chat-template when given",
     )
     parser.add_argument(
