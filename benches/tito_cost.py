@@ -175,7 +175,9 @@ async def main(args: argparse.Namespace) -> None:
             assert np.array_equal(sent.input_ids, plan.input_ids), "the runner planned otherwise"
             model = runner.model.upstream_name(request.raw.get("model"))
             row["upstream body ms"] = ms(
-                median_time(partial(chat_body, sent, model, session_hint=None), args.repeats)
+                median_time(
+                    partial(chat_body, sent, model, session_hint=None, rid="bench"), args.repeats
+                )
             )
             row["TITO total ms"] = row["parse ms"] + row["plan ms"] + row["upstream body ms"]
             rows.append(row)

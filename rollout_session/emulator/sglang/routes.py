@@ -14,13 +14,13 @@ it and HTTP.
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import Final
 
-import orjson
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from rollout_session.emulator.faults import FAULT_HEADER, Reply
+from rollout_session.emulator.faults import FAULT_HEADER
+from rollout_session.emulator.http_io import json_response, raw_body, reply_response
 from rollout_session.emulator.sglang import session_routes, weight_routes
 from rollout_session.emulator.sglang.chat import handle_chat
 from rollout_session.emulator.sglang.generate import handle_generate
@@ -33,21 +33,6 @@ __all__ = ["SGLANG_VERSION", "add_sglang_routes"]
 SGLANG_VERSION: Final = "0.5.23"
 
 
-def _json(payload: Any) -> Response:
-    return Response(orjson.dumps(payload), content_type="application/json")
-
-
-def _reply(reply: Reply) -> Response:
-    return Response(
-        reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers
-    )
-
-
-async def _raw_body() -> bytes:
-    data: bytes = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-    return data
-
-
 def add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
     """SGLang 0.5.23's routes (and nothing of vLLM's) over ``emulator``."""
     config = emulator.config
@@ -56,13 +41,13 @@ def add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
     weights = emulator.weights
 
     async def health() -> Response:
-        return _json({})
+        return json_response({})
 
     async def model_info() -> Response:
         # http_server.model_info (and /get_model_info, its deprecated alias):
         # the tokenizer manager's live model path, served name, load format
         # and weight version (moved by weight updates).
-        return _json(
+        return json_response(
             {
                 "model_path": weights.model_path,
                 "served_model_name": weights.model_path,
@@ -79,7 +64,7 @@ def add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
         # scheduler state and `version`; these are the fields the emulator
         # models. Its weight_version is the launch one: a weight update moves
         # /model_info's, not this.
-        return _json(
+        return json_response(
             {
                 "model_path": config.model_name,
                 "tokenizer_path": str(config.tokenizer_path),
@@ -105,51 +90,55 @@ def add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
             "root": config.model_name,
             "max_model_len": config.context_length,
         }
-        return _json({"object": "list", "data": [model]})
+        return json_response({"object": "list", "data": [model]})
 
     async def chat() -> Response:
-        raw = await _raw_body()
+        raw = await raw_body()
         headers = {name.lower(): value for name, value in request.headers.items()}
-        return _reply(await handle_chat(worker, raw, request.headers.get(FAULT_HEADER), headers))
+        return reply_response(
+            await handle_chat(worker, raw, request.headers.get(FAULT_HEADER), headers)
+        )
 
     async def generate() -> Response:
-        return _reply(await handle_generate(worker, await _raw_body()))
+        return reply_response(await handle_generate(worker, await raw_body()))
 
     async def parse_function_call() -> Response:
-        return _reply(worker.parse_function_call(await _raw_body()))
+        return reply_response(worker.parse_function_call(await raw_body()))
 
     async def separate_reasoning() -> Response:
-        return _reply(worker.separate_reasoning(await _raw_body()))
+        return reply_response(worker.separate_reasoning(await raw_body()))
 
     async def open_session() -> Response:
         # SGLang answers with the session id as a JSON string.
-        return _reply(session_routes.open_session(emulator, await _raw_body()))
+        return reply_response(session_routes.open_session(emulator, await raw_body()))
 
     async def close_session() -> Response:
-        reply = session_routes.close_session(emulator, await _raw_body())
+        reply = session_routes.close_session(emulator, await raw_body())
         if reply.status == 200:
             return Response(b"", 200)  # SGLang: Response(status_code=200), no body
-        return _reply(reply)
+        return reply_response(reply)
 
     async def stats() -> Response:
-        return _json(emulator.stats())
+        return json_response(emulator.stats())
 
     # Weight updates, pauses, aborts (`weight_routes`, ``weights``).
     async def update_weight_version() -> Response:
-        return _reply(weight_routes.sglang_update_weight_version(weights, await _raw_body()))
+        return reply_response(weight_routes.sglang_update_weight_version(weights, await raw_body()))
 
     async def update_weights_from_disk() -> Response:
-        raw = await _raw_body()
-        return _reply(await weight_routes.sglang_update_weights_from_disk(weights, raw))
+        raw = await raw_body()
+        return reply_response(await weight_routes.sglang_update_weights_from_disk(weights, raw))
 
     async def pause_generation() -> Response:
-        return _reply(await weight_routes.sglang_pause_generation(weights, await _raw_body()))
+        return reply_response(
+            await weight_routes.sglang_pause_generation(weights, await raw_body())
+        )
 
     async def continue_generation() -> Response:
-        return _reply(weight_routes.sglang_continue_generation(weights, await _raw_body()))
+        return reply_response(weight_routes.sglang_continue_generation(weights, await raw_body()))
 
     async def abort_request() -> Response:
-        return _reply(weight_routes.sglang_abort_request(weights, await _raw_body()))
+        return reply_response(weight_routes.sglang_abort_request(weights, await raw_body()))
 
     for path, view, method in (
         ("/health", health, "GET"),

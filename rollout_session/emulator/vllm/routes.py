@@ -19,11 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from rollout_session.emulator.faults import Reply
+from rollout_session.emulator.http_io import json_response, raw_body, reply_response
 from rollout_session.emulator.vllm import weight_routes
 from rollout_session.emulator.vllm.chat_protocol import random_uuid
 from rollout_session.emulator.vllm.derender import DERENDER_PATH
@@ -34,21 +33,6 @@ from rollout_session.emulator.vllm.worker import VllmWorker
 from rollout_session.emulator.worker import Emulator
 
 __all__ = ["add_vllm_routes"]
-
-
-def _json(payload: Any) -> Response:
-    return Response(orjson.dumps(payload), content_type="application/json")
-
-
-def _reply(reply: Reply) -> Response:
-    return Response(
-        reply.body, status=reply.status, content_type=reply.content_type, headers=reply.headers
-    )
-
-
-async def _raw_body() -> bytes:
-    data: bytes = await request.get_data(cache=False, as_text=False, parse_form_data=False)
-    return data
 
 
 # vLLM's scale-out paths (`entrypoints/scale_out/factories.py`
@@ -85,12 +69,12 @@ def add_vllm_routes(app: QuartTrio, emulator: Emulator) -> None:
         return Response(b"", 200)
 
     async def version() -> Response:
-        return _json({"version": VLLM_VERSION})
+        return json_response({"version": VLLM_VERSION})
 
     async def load() -> Response:
         # entrypoints/serve/instrumentator/basic.py: 0 without
         # --enable-server-load-tracking (off by default).
-        return _json({"server_load": 0})
+        return json_response({"server_load": 0})
 
     async def models() -> Response:
         # entrypoints/openai/models/serving.py show_available_models; root is
@@ -121,25 +105,25 @@ def add_vllm_routes(app: QuartTrio, emulator: Emulator) -> None:
             "max_model_len": config.context_length,
             "permission": [permission],
         }
-        return _json({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": [card]})
 
     async def generate() -> Response:
-        raw = await _raw_body()
+        raw = await raw_body()
         headers = {name.lower(): value for name, value in request.headers.items()}
-        return _reply(await worker.generate(raw, headers))
+        return reply_response(await worker.generate(raw, headers))
 
     async def render() -> Response:
-        raw = await _raw_body()
+        raw = await raw_body()
         headers = {name.lower(): value for name, value in request.headers.items()}
-        return _reply(await worker.render(raw, headers))
+        return reply_response(await worker.render(raw, headers))
 
     async def derender() -> Response:
-        raw = await _raw_body()
+        raw = await raw_body()
         headers = {name.lower(): value for name, value in request.headers.items()}
-        return _reply(await worker.derender(raw, headers))
+        return reply_response(await worker.derender(raw, headers))
 
     async def abort_requests() -> Response:
-        return _reply(worker.abort_requests(await _raw_body()))
+        return reply_response(worker.abort_requests(await raw_body()))
 
     async def scale_out_disabled() -> Response:
         return _vllm_error(_SCALE_OUT_MESSAGE, "PermissionDeniedError", 403)
@@ -153,29 +137,29 @@ def add_vllm_routes(app: QuartTrio, emulator: Emulator) -> None:
         )
 
     async def stats() -> Response:
-        return _json(emulator.stats())
+        return json_response(emulator.stats())
 
     # The RL routes (entrypoints/rl/online/api_router.py), dev mode only.
     weights = emulator.weights
 
     async def pause() -> Response:
         query = {key: request.args.getlist(key)[-1] for key in request.args}
-        return _reply(await weight_routes.vllm_pause(weights, query))
+        return reply_response(await weight_routes.vllm_pause(weights, query))
 
     async def resume() -> Response:
-        return _reply(weight_routes.vllm_resume(weights))
+        return reply_response(weight_routes.vllm_resume(weights))
 
     async def is_paused() -> Response:
-        return _reply(weight_routes.vllm_is_paused(weights))
+        return reply_response(weight_routes.vllm_is_paused(weights))
 
     async def update_weight_version() -> Response:
-        return _reply(weight_routes.vllm_update_weight_version(weights, await _raw_body()))
+        return reply_response(weight_routes.vllm_update_weight_version(weights, await raw_body()))
 
     async def weight_info() -> Response:
-        return _reply(weight_routes.vllm_weight_info(weights))
+        return reply_response(weight_routes.vllm_weight_info(weights))
 
     async def rl_abort_requests() -> Response:
-        return _reply(weight_routes.vllm_abort_requests(weights, await _raw_body()))
+        return reply_response(weight_routes.vllm_abort_requests(weights, await raw_body()))
 
     routes: list[tuple[str, Any, str]] = [
         ("/health", health, "GET"),
