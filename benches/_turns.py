@@ -44,6 +44,7 @@ from rollout_session.engines.base import (
 from rollout_session.engines.pool import WorkerPool
 from rollout_session.engines.served_model import ServedModel
 from rollout_session.engines.sglang_chat.engine import SGLangChatEngine
+from rollout_session.engines.sglang_chat.spec import SPEC as SGLANG_CHAT
 from rollout_session.prompt.tokenizer import ChatTokenizer
 from rollout_session.session.session import SessionRegistry
 from rollout_session.session.store import SessionStore
@@ -102,7 +103,7 @@ def replay_runner(
     store = SessionStore(SessionRegistry(max_sessions=settings.max_sessions), engine)
     offload = _offload(settings)
     # An empty pool: the model's name is unknown, its context the setting.
-    pool = WorkerPool(settings.pool_options(), _validator(settings, offload))
+    pool = WorkerPool(settings.pool_options(SGLANG_CHAT.dialect), _validator(settings, offload))
     model = ServedModel(pool, settings.context_length)
     return turn_runner(settings, store, engine, tokenizer, model, offload)
 
@@ -125,8 +126,8 @@ class Recorder:
         self.result = await self.engine.complete(session, request)
         return self.result
 
-    async def prepare(self, model_dir: str) -> None:
-        await self.engine.prepare(model_dir)
+    async def prepare(self, tokenizer: ChatTokenizer) -> None:
+        await self.engine.prepare(tokenizer)
 
     def counters(self) -> Iterable[EngineCounter]:
         return self.engine.counters()
@@ -157,7 +158,7 @@ async def emulator_runner(
     settings = settings or Settings(workers=(url,))
     settings = dataclasses.replace(settings, workers=(url,), parse_processes=0)
     offload = _offload(settings)
-    pool = WorkerPool(settings.pool_options(), _validator(settings, offload))
+    pool = WorkerPool(settings.pool_options(SGLANG_CHAT.dialect), _validator(settings, offload))
     pool.add(url)
     model = ServedModel(pool, settings.context_length, settings.upstream_model)
     engine = Recorder(SGLangChatEngine(pool, model, session_hints=settings.sends_session_hints))

@@ -170,7 +170,7 @@ class ReplayEngine:
             len(request.input_ids), worker=self.worker, latency_s=self.latency_s
         )
 
-    async def prepare(self, model_dir: str) -> None:
+    async def prepare(self, tokenizer: ChatTokenizer) -> None:
         """Nothing to read: it replays."""
 
     def counters(self) -> Iterable[EngineCounter]:

@@ -162,7 +162,10 @@ class SessionClient:
         metadata: dict[str, Any] | None = None,
         ttl_s: float | None = None,
         priority: int | None = None,
+        sampling: dict[str, Any] | None = None,
     ) -> SessionHandle:
+        """A new session on its shard. `sampling`: the trainer's, pinned for
+        every turn whatever the agent sends (docs/api.md#pinned-sampling)."""
         handle = self.handle(session_id or uuid.uuid4().hex)
         body: dict[str, Any] = {"session_id": handle.session_id}
         if metadata is not None:
@@ -171,6 +174,8 @@ class SessionClient:
             body["ttl_s"] = ttl_s
         if priority is not None:
             body["priority"] = priority  # SGLang's, for this session's turns
+        if sampling is not None:
+            body["sampling"] = sampling
         response, retried = await self._send("POST", f"{handle.server}/sessions", json=body)
         if retried and response.status_code == 409:
             # A retried create that finds its own id means the first one

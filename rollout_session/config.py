@@ -15,9 +15,9 @@ from types import MappingProxyType
 from typing import Any
 
 from .engines.kv_sessions import KV_MODES, PRIORITY_RANGE, STREAM_REFUSED, KvMode, is_priority
-from .engines.pool import PoolOptions
+from .engines.pool import PoolOptions, WorkerDialect
 from .engines.pool.placement import PLACEMENTS
-from .engines.registry import DEFAULT_ENGINE, engine_spec, refuse_unserved
+from .engines.registry import DEFAULT_ENGINE, refuse_unserved
 from .engines.served_model import UPSTREAM_MODEL_AGENT, UPSTREAM_MODEL_SERVED
 from .engines.worker_urls import WorkerHosts, worker_url
 from .prompt.messages import KNOWN_ROLES
@@ -25,11 +25,13 @@ from .session.segments import OnDivergence, PromptMode
 from .session.store import JournalOptions
 from .turn.interrupted import OnAbort
 from .turn.plan import TurnPolicy
+from .turn.sampling import OnSamplingConflict
 
 __all__ = ["Settings"]
 
 ON_DIVERGENCE = tuple(p.value for p in OnDivergence)
 ON_ABORT = tuple(p.value for p in OnAbort)
+ON_SAMPLING_CONFLICT = tuple(p.value for p in OnSamplingConflict)
 PROMPT_MODES = tuple(m.value for m in PromptMode)
 # --max-answer-mb's default: far above any chat answer without routed
 # experts; with them an answer carries ~5 bytes per layer and expert slot for
@@ -115,8 +117,9 @@ class Settings:
     circuit_failures: int = 5
     circuit_successes: int = 2
     circuit_open_s: float = 30.0
-    # The inference engine behind the seam: a name in engines.registry
-    # (docs/engines.md).
+    # The inference engine behind the seam: a name in engines.registry, or
+    # "auto" (the token route of the workers' family, chosen at start-up
+    # from what they say: engines/resolve.py; docs/engines.md).
     engine: str = DEFAULT_ENGINE
     # Engine flags: each engine declares those it takes (its spec's `flags`);
     # another engine's must stay at their defaults. The workers'
@@ -162,6 +165,10 @@ class Settings:
     # Requests a turn may take after its first was aborted; past it the
     # turn fails (503 turn_interrupted), nothing committed.
     max_continuations: int = 8
+    # An agent sampling value that differs from its session's pinned
+    # `sampling` (turn/sampling.py): override (the session's is sent, the
+    # conflict counted) or refuse (400).
+    on_sampling_conflict: str = "override"
     # SIGTERM: in-flight turns get this long to finish before they are
     # cancelled; below Kubernetes' default 30 s grace, leaving time to close.
     shutdown_grace_s: float = 25.0
@@ -254,6 +261,10 @@ class Settings:
             raise ValueError("max_rollback_turns must be >= 0")
         if self.on_abort not in ON_ABORT:
             raise ValueError(f"on_abort must be one of {', '.join(ON_ABORT)}")
+        if self.on_sampling_conflict not in ON_SAMPLING_CONFLICT:
+            raise ValueError(
+                f"on_sampling_conflict must be one of {', '.join(ON_SAMPLING_CONFLICT)}"
+            )
         if self.max_continuations < 0:
             raise ValueError("max_continuations must be >= 0")
         if self.on_divergence not in ON_DIVERGENCE:
@@ -330,9 +341,19 @@ class Settings:
                 f"worker_ca: {self.worker_ca!r} does not load as PEM CA certificates: {exc}"
             ) from None
 
-    def pool_options(self, *, teachers: bool = False) -> PoolOptions:
-        """The rollout pool's options; with `teachers`, the teacher pool's
-        (the same, but no session hints: teachers hold no sessions)."""
+    def pool_options(
+        self,
+        dialect: WorkerDialect,
+        *,
+        expected_settings: Mapping[str, Any] = MappingProxyType({}),
+        supplied_settings: frozenset[str] = frozenset(),
+        teachers: bool = False,
+    ) -> PoolOptions:
+        """The rollout pool's options, speaking `dialect` to workers that must
+        run with `expected_settings` (the engine's, `engines.resolve`), or
+        without those of `supplied_settings`; with
+        `teachers`, the teacher pool's (the same, but no session hints:
+        teachers hold no sessions, and serve a model of their own)."""
         return PoolOptions(
             placement=self.placement,
             allowed_worker_hosts=self.allowed_worker_hosts,
@@ -349,7 +370,9 @@ class Settings:
             max_answer_bytes=self.max_answer_bytes,
             sends_session_hints=self.sends_session_hints and not teachers,
             fixed_upstream_model=None if teachers else self.fixed_upstream_model,
-            dialect=engine_spec(self.engine).dialect,
+            dialect=dialect,
+            expected_settings=MappingProxyType({} if teachers else dict(expected_settings)),
+            supplied_settings=frozenset() if teachers else supplied_settings,
             label="teacher workers: " if teachers else "",
         )
 
@@ -368,6 +391,7 @@ class Settings:
             routed_experts=self.routed_experts,
             on_abort=OnAbort(self.on_abort),
             max_continuations=self.max_continuations,
+            on_sampling_conflict=OnSamplingConflict(self.on_sampling_conflict),
         )
 
     def journal_options(self) -> JournalOptions | None:

@@ -212,6 +212,9 @@ async def make_stack(
             )
             for i in range(num_workers)
         ]
+        # The chat route unless a test names its engine: most tests check what
+        # sglang-chat sends and answers (the engines' own tests name theirs).
+        settings.setdefault("engine", "sglang-chat")
         app_settings = Settings(workers=tuple(w.url for w in workers), port=0, **settings)
         app = create_app(app_settings, tokenizer=chat_tokenizers[template], worker_tls=TLS)
         server = await start_server(nursery, app, max_connections=app_settings.max_connections)

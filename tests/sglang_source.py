@@ -30,7 +30,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-__all__ = ["SGLang", "load_api_types", "load_protocol", "load_sglang", "or_skip", "sglang_root"]
+__all__ = [
+    "SGLang",
+    "load_api_types",
+    "load_detokenizer",
+    "load_protocol",
+    "load_sglang",
+    "or_skip",
+    "sglang_root",
+]
 
 T = TypeVar("T")
 
@@ -105,6 +113,105 @@ def load_api_types(root: Path | None = None) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# SGLANG_FORCE_STREAM_INTERVAL's default (srt/environ.py): a non-streamed
+# request's ids go to the detokenizer every this many output tokens
+# (scheduler_components/output_streamer.py OutputStreamer.accept).
+FORCE_STREAM_INTERVAL = 50
+
+
+def _functions(
+    path: Path, names: set[str], classes: frozenset[str] | set[str] = frozenset()
+) -> list[ast.stmt]:
+    """The top-level functions, the methods and the classes named, from `path`
+    (a method becomes a function taking `self`; decorators are dropped)."""
+    tree = ast.parse(path.read_text("utf-8"))
+    found: list[ast.stmt] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            node.decorator_list = []
+            found.append(node)
+        elif isinstance(node, ast.ClassDef) and node.name in classes:
+            found.append(node)
+    assert {getattr(n, "name", None) for n in found} == names | classes, path
+    return found
+
+
+@functools.cache
+def load_detokenizer() -> Callable[..., str]:
+    """SGLang 0.5.23's detokenizer as it decodes a non-streamed ``/generate``
+    answer: `text(tokenizer, prompt, output, finish, skip, spaces)` runs the
+    detokenizer's own `_decode_batch_token_id_output` (and `trim_matched_stop`,
+    `DecodeStatus`, `find_printable_text`, compiled from the wheel's files)
+    over the hand-offs the scheduler makes (`Req.init_incremental_detokenize`:
+    the last 5 prompt ids as context; every `FORCE_STREAM_INTERVAL` output
+    ids, and once finished), and joins its outputs as the tokenizer manager
+    does (`ReqState.append_text`)."""
+    root = sglang_root()
+    manager = _functions(
+        root / "srt" / "managers" / "detokenizer_manager.py",
+        {
+            "trim_matched_stop",
+            "_clamp_decode_ids",
+            "_grouped_batch_decode",
+            "_decode_batch_token_id_output",
+        },
+        {"DecodeStatus"},
+    )
+    printable = _functions(root / "utils.py", {"find_printable_text", "_is_chinese_char"})
+    patch = _functions(root / "srt" / "utils" / "patch_tokenizer.py", {"decode_without_hf_kwargs"})
+    namespace: dict[str, Any] = {
+        "dataclasses": importlib.import_module("dataclasses"),
+        "defaultdict": importlib.import_module("collections").defaultdict,
+        "DETOKENIZER_MAX_STATES": 1 << 16,
+    }
+    for name in ("Dict", "List", "Optional", "Tuple", "Union"):
+        namespace[name] = getattr(typing, name)
+    body = [*printable, *patch, *manager]
+    exec(compile(ast.Module(body=body, type_ignores=[]), "sglang_detokenizer", "exec"), namespace)
+
+    def text(
+        tokenizer: Any,
+        prompt: list[int],
+        output: list[int],
+        finish: dict[str, Any],
+        skip_special_tokens: bool,
+        spaces_between_special_tokens: bool,
+    ) -> str:
+        manager_self = types.SimpleNamespace(
+            tokenizer=tokenizer,
+            vocab_size=len(tokenizer),
+            decode_status={},
+            disable_tokenizer_batch_decode=False,
+            is_tool_call_parser_gpt_oss=False,
+            tool_close_token_ids=frozenset(),
+        )
+        for method in ("trim_matched_stop", "_grouped_batch_decode"):
+            setattr(manager_self, method, functools.partial(namespace[method], manager_self))
+        manager_self._clamp_decode_ids = namespace["_clamp_decode_ids"]
+        context = prompt[-5:]
+        ids = context + output
+        sends = [*range(FORCE_STREAM_INTERVAL, len(output), FORCE_STREAM_INTERVAL), len(output)]
+        sent, joined = 0, ""
+        for upto in sends:
+            now = ids[: len(context) + upto]
+            received = types.SimpleNamespace(
+                rids=["r"],
+                decoded_texts=[""],
+                decode_ids=[now[sent:]],
+                read_offsets=[len(context)],
+                finished_reasons=[finish if upto == len(output) else None],
+                no_stop_trim=[False],
+                skip_special_tokens=[skip_special_tokens],
+                spaces_between_special_tokens=[spaces_between_special_tokens],
+            )
+            sent = len(now)
+            (piece,) = namespace["_decode_batch_token_id_output"](manager_self, received)
+            joined += piece
+        return joined
+
+    return text
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import orjson
 
 from ..config import Settings
 from ..engines.kv_sessions import KvMode
-from ..engines.registry import ENGINES, engine_flags
+from ..engines.registry import AUTO, ENGINES, engine_flags
 
 __all__ = [
     "ENV_PREFIX",
@@ -138,6 +138,13 @@ _SERVER_OPTIONS: tuple[Option, ...] = (
         "a worker's abort answer (weight update): continue the turn, or return it",
     ),
     (
+        "--on-sampling-conflict",
+        "on_sampling_conflict",
+        str,
+        "an agent sampling value that differs from its session's pinned sampling: override "
+        "(the session's is sent, counted) or refuse (400)",
+    ),
+    (
         "--max-continuations",
         "max_continuations",
         int,
@@ -158,8 +165,12 @@ _SERVER_OPTIONS: tuple[Option, ...] = (
 def _engine_options() -> tuple[Option, ...]:
     """--engine and the engine flags, as the engine packages declare them."""
     engines = "; ".join(f"{spec.name}: {spec.summary}" for spec in ENGINES.values())
+    auto = (
+        f"{AUTO} (default): each worker served by the token route of its family, the "
+        "settings read from the workers"
+    )
     return (
-        ("--engine", "engine", str, f"the inference engine (docs/engines.md). {engines}"),
+        ("--engine", "engine", str, f"the inference engine (docs/engines.md). {auto}; {engines}"),
         *((flag.flag, field, str, help) for field, (flag, help) in engine_flags().items()),
     )
 

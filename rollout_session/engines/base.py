@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
+from ..prompt.tokenizer import ChatTokenizer
 from ..tokens import IdArray, LogprobArray, VersionSpan
 
 __all__ = [
@@ -162,6 +163,8 @@ class Completion:
     # What this engine needs to continue the completion if it was aborted
     # (opaque above the seam; handed back as `Partial.engine_state`).
     engine_state: Any = None
+    # The sampling parameters it sent the worker (`engines.sampling.applied`).
+    sampling: Mapping[str, Any] | None = None
 
     @property
     def weight_version(self) -> str | None:
@@ -210,9 +213,9 @@ class Engine(Protocol):
     # Whether `complete` may take `EngineRequest.partial` (else always CannotContinue).
     can_continue: ClassVar[bool]
 
-    async def prepare(self, model_dir: str) -> None:
+    async def prepare(self, tokenizer: ChatTokenizer) -> None:
         """Start-up, once the tokenizer is loaded: read what the engine needs
-        of the model's files in `model_dir` (the tokenizer's directory)."""
+        of the model's files (the tokenizer's directory, ``name_or_path``)."""
 
     def counters(self) -> Iterable[EngineCounter]:
         """Its counters, read at each scrape of ``/metrics``."""

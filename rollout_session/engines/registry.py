@@ -15,21 +15,37 @@ from .sglang_generate.spec import SPEC as SGLANG_GENERATE
 from .spec import EngineFlag, EngineSettings, EngineSpec
 from .vllm.spec import SPEC as VLLM
 
-__all__ = ["DEFAULT_ENGINE", "ENGINES", "engine_flags", "engine_spec", "refuse_unserved"]
+__all__ = [
+    "AUTO",
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "engine_flags",
+    "engine_names",
+    "engine_spec",
+    "refuse_unserved",
+]
 
 # One line per engine.
 ENGINES: Mapping[str, EngineSpec] = MappingProxyType(
     {spec.name: spec for spec in (SGLANG_CHAT, SGLANG_GENERATE, VLLM)}
 )
-# What --engine is when not given.
-DEFAULT_ENGINE = SGLANG_CHAT.name
+# --engine's value that serves each worker by the token route of its family,
+# chosen at start-up from what the workers say (`engines.resolve`).
+AUTO = "auto"
+# What --engine is when not given (docs/engines.md#engine-auto says why).
+DEFAULT_ENGINE = AUTO
+
+
+def engine_names() -> tuple[str, ...]:
+    """Every value --engine takes."""
+    return (AUTO, *ENGINES)
 
 
 def engine_spec(name: str) -> EngineSpec:
     """The engine called `name` (ValueError naming the engines there are)."""
     spec = ENGINES.get(name)
     if spec is None:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}")
+        raise ValueError(f"engine must be one of {', '.join(engine_names())}")
     return spec
 
 
@@ -49,7 +65,10 @@ def engine_flags() -> dict[str, tuple[EngineFlag, str]]:
 def refuse_unserved(settings: EngineSettings, default: Callable[[str], object]) -> None:
     """The engine's own check of `settings`, then: an engine flag it does not
     take must keep its default (`default(field)`), or ValueError naming the
-    engines that take it."""
+    engines that take it. Under `AUTO` nothing yet: the engine is chosen at
+    start-up (`engines.resolve`), and checked then."""
+    if settings.engine == AUTO:
+        return
     spec = engine_spec(settings.engine)
     spec.check(settings)
     for field, (flag, _) in engine_flags().items():

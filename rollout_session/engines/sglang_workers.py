@@ -7,8 +7,11 @@ serve the other (``--skip-tokenizer-init`` has no chat route).
 
 Facts from SGLang 0.5.23 (``srt/entrypoints/http_server.py``):
 ``get_model_info`` (``model_path``, ``tokenizer_path``, ``is_generation``),
-the OpenAI ``/v1/models`` list (``max_model_len``), ``abort_request``
-(``io_struct.AbortReq``: one ``rid``).
+the OpenAI ``/v1/models`` list (``max_model_len``), ``server_info`` (the
+resolved server args by field name, ``build_server_info`` →
+``ServerArgs.resolved_dict``: ``tool_call_parser``, ``reasoning_parser``,
+``skip_tokenizer_init``), ``abort_request`` (``io_struct.AbortReq``: one
+``rid``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ import orjson
 import trio
 
 from ..errors import UpstreamError
-from .pool.client import TRANSPORT_ERRORS, WorkerClient, get_json
+from .pool.client import TRANSPORT_ERRORS, WorkerClient, failure_detail, get_json
 from .pool.dialect import ModelInfo, Probe, WorkerDialect
 from .scoring import SGLANG_SCORING
 
-__all__ = ["fetch_model_info", "sglang_dialect"]
+__all__ = ["LAUNCH_SETTINGS", "fetch_model_info", "sglang_dialect"]
+
+# The launch settings an engine depends on, as /server_info names them
+# (the same names as this server's flags): the parsers that parse on the
+# worker, and whether it has a tokenizer (``--skip-tokenizer-init``: ids out,
+# no text, no chat route).
+LAUNCH_SETTINGS = ("tool_call_parser", "reasoning_parser", "skip_tokenizer_init")
 
 
 async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo:
@@ -39,7 +48,9 @@ async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo
             f"cannot read model info from the worker: no answer within {deadline_s:g} s"
         ) from None
     except (UpstreamError, httpcore.TimeoutException, *TRANSPORT_ERRORS) as exc:
-        raise UpstreamError(f"cannot read model info from the worker: {exc}") from None
+        raise UpstreamError(
+            f"cannot read model info from the worker: {failure_detail(exc)}"
+        ) from None
     model_path = info.get("model_path")
     if not isinstance(model_path, str) or not model_path:
         raise UpstreamError("not an SGLang worker: /get_model_info has no model_path")
@@ -62,7 +73,28 @@ async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo
         tokenizer_path=tokenizer_path if isinstance(tokenizer_path, str) else None,
         max_model_len=max_len,
         models=tuple(m["id"] for m in data),
+        settings=await _launch_settings(client, deadline_s),
     )
+
+
+async def _launch_settings(client: WorkerClient, deadline_s: float) -> dict[str, object]:
+    """The worker's `LAUNCH_SETTINGS` from its /server_info; {} where it
+    publishes none (a gateway in front, an older SGLang): nothing then is
+    compared, and this server's flags are taken as the workers' own."""
+    try:
+        with trio.fail_after(deadline_s):
+            info = await get_json(client, "/server_info")
+    except (trio.TooSlowError, UpstreamError, httpcore.TimeoutException, *TRANSPORT_ERRORS):
+        return {}
+    settings: dict[str, object] = {}
+    for name in LAUNCH_SETTINGS:
+        value = info.get(name)
+        if name == "skip_tokenizer_init":
+            if isinstance(value, bool):
+                settings[name] = value
+        elif name in info and (value is None or isinstance(value, str)):
+            settings[name] = value
+    return settings
 
 
 def _abort(rids: list[str]) -> list[tuple[str, bytes]]:

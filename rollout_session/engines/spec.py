@@ -13,9 +13,10 @@ Start-up work an engine needs (reading the model's files) is its own
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
 
 from .base import Engine
 from .pool import WorkerDialect, WorkerPool
@@ -64,6 +65,9 @@ class EngineParts:
 
     pool: WorkerPool  # its workers: placement, failover, checks, circuits
     model: ServedModel  # the served model's name and context
+    # The launch settings its workers run with (`EngineSpec.worker_settings`
+    # names), as the start-up resolution found them (`engines.resolve`).
+    launch: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,22 @@ class EngineSpec:
     # say why it takes none of one.
     check: Callable[[EngineSettings], None]
     build: Callable[[EngineSettings, EngineParts], Engine]
+    # The launch settings it reads from its workers (`ModelInfo.settings`
+    # names), with the default it assumes where none says: every worker must
+    # run with the same values (an engine flag of the same name must agree).
+    worker_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # Those of them a worker may run without, this server supplying the
+    # value (a flag of the same name, or another worker's): a worker that
+    # publishes none for one of these is not refused for it.
+    supplied: frozenset[str] = frozenset()
+    # Values of those its workers must have (a worker without them is refused).
+    needs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # `--engine auto` serves the workers its dialect admits with it: the
+    # token route of each engine family.
+    auto: bool = False
+    # What `auto` serves those workers with when this engine refuses their
+    # settings (None: the start is refused, with this engine's reason).
+    fallback: str | None = None
 
     def takes(self, field: str) -> bool:
         return any(flag.field == field for flag in self.flags)

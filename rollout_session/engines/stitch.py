@@ -93,6 +93,7 @@ def to_continue(
     worker: str,
     latency_s: float,
     engine_state: Any,
+    sampling: Mapping[str, Any] | None,
 ) -> Completion:
     """An aborted answer the turn runner will continue
     (`EngineRequest.aborts_continue`): what the continuation needs, with no
@@ -113,4 +114,5 @@ def to_continue(
         latency_s=latency_s,
         reply=AgentReply(200, [], b""),
         engine_state=engine_state,
+        sampling=sampling,
     )

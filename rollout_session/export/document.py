@@ -186,6 +186,8 @@ def _turn_dict(t: Turn) -> dict[str, Any]:
             }
             for c in t.continuations
         ],
+        # The sampling parameters the engine sent (null: the worker's own default).
+        "sampling": None if t.sampling is None else dict(t.sampling),
     }
 
 
@@ -249,6 +251,8 @@ def _session_fields(session: Session, status: ExportStatus, schema: int) -> dict
         "created_at": session.created_at,
         "closed_at": session.closed_at,
         "model": session.model,
+        # The trainer's sampling pinned on the session (null: none).
+        "sampling": session.sampling,
     }
 
 
@@ -319,6 +323,10 @@ def sample_view(session: Session, status: ExportStatus = "open") -> dict[str, An
                     for label, rescore in segment.trajectory.rescores.items()
                 },
                 "status": _SAMPLE_STATUS.get(last or "", "pending" if not turns else "completed"),
+                # Each turn's sampling parameters, in order (the behaviour policy).
+                "rollout_sampling": [
+                    None if t.sampling is None else dict(t.sampling) for t in turns
+                ],
                 "metadata": session.metadata,
             }
         )
@@ -353,6 +361,7 @@ def steps_view(session: Session, status: ExportStatus = "open") -> dict[str, Any
                         (turn,), turn.completion_start, turn.completion_end
                     ),
                     "finish_reason": turn.finish_reason,
+                    "sampling": None if turn.sampling is None else dict(turn.sampling),
                     "is_last": False,
                 }
             )

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import ssl
+from typing import cast
 
+import httpx
 import trio
 from hypercorn.typing import ASGIFramework
 from quart import Response
@@ -20,8 +22,9 @@ from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
 
 from ..config import Settings
+from ..engines.base import Engine
 from ..engines.pool import WorkerPool
-from ..engines.registry import engine_spec
+from ..engines.resolve import resolve_engine
 from ..engines.served_model import ServedModel
 from ..engines.spec import EngineParts
 from ..errors import NoHealthyWorker, UpstreamError
@@ -36,7 +39,7 @@ from ..turn.rescore import Rescorer
 from ..turn.runner import TurnRunner
 from ..turn.validator import AnswerValidator
 from .auth import Gate
-from .context import ServerContext
+from .context import EngineSide, ServerContext
 from .edge import HttpEdge, error_response
 from .fleet import Fleet, FleetRoutes
 from .metrics import Metrics
@@ -86,8 +89,9 @@ def create_app(
         BODY_TIMEOUT=None,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-    if worker_tls is None:
-        worker_tls = settings.worker_tls()
+    # One TLS context for every worker client (building one loads the CA
+    # bundle): the given one, --worker-ca's, else certifi's.
+    tls = worker_tls or settings.worker_tls() or httpx.create_ssl_context(trust_env=False)
     offload = Offload(
         threshold_bytes=settings.offload_threshold_bytes, threads=settings.cpu_threads
     )
@@ -97,29 +101,28 @@ def create_app(
         processes=settings.parse_processes,
         process_threshold_bytes=settings.process_threshold_bytes,
     )
-    pool = WorkerPool(settings.pool_options(), validator, tls=worker_tls)
-    for url in settings.workers:
-        pool.add(url)
-    teachers = None
-    if settings.teacher_workers:
-        teachers = WorkerPool(settings.pool_options(teachers=True), validator, tls=worker_tls)
-        for url in settings.teacher_workers:
-            teachers.add(url)
-    model = ServedModel(pool, settings.context_length, settings.upstream_model)
-    engine = engine_spec(settings.engine).build(settings, EngineParts(pool, model))
-    store = SessionStore(SessionRegistry(max_sessions=settings.max_sessions), engine)
+    store = SessionStore(SessionRegistry(max_sessions=settings.max_sessions))
+    ctx: ServerContext
+
+    def engine_parts() -> tuple[WorkerPool, Engine] | None:
+        side = ctx.engine_side
+        return None if side is None else (side.pool, side.engine)
+
+    async def interrupt() -> int:
+        return await ctx.pool.interrupt()
+
     ctx = ServerContext(
         settings=settings,
         store=store,
-        pool=pool,
-        engine=engine,
         offload=offload,
         validator=validator,
+        # Holds turns for a weight sync; aborts them at the engine's workers.
         pause=PauseGate(
-            settings.pause_wait_s, interrupt=pool.interrupt, resume_sending=pool.resume_sending
+            settings.pause_wait_s,
+            interrupt=interrupt,
+            resume_sending=lambda: ctx.pool.resume_sending(),
         ),
-        metrics=Metrics(store, pool, engine),
-        model=model,
+        metrics=Metrics(store, engine_parts),
         expiry=Expiry(
             store,
             default_ttl_s=settings.session_ttl_s,
@@ -127,41 +130,44 @@ def create_app(
             keep_collected_s=settings.keep_collected_s,
         ),
         tokenizer=tokenizer,
-        rescorer=Rescorer(store.registry, pool, teachers, max_resends=settings.max_continuations),
-        teachers=teachers,
     )
     app.extensions[_EXTENSION] = ctx
 
     @app.before_serving
     async def startup() -> None:
+        # The engine first: the store's sessions (a journal's) are the
+        # engine's to pin, and everything below speaks to its workers.
+        ctx.engine_side = side = await _start_engine(settings, validator, store, tls)
         if settings.journal is not None:
             await ctx.store.open_journal(settings.journal_options())  # done under `serve`
             await app.nursery.start(ctx.store.run_journal)
-        await app.nursery.start(ctx.pool.run)
-        if ctx.teachers is not None:
-            await app.nursery.start(ctx.teachers.run)
+        await app.nursery.start(side.pool.run)
+        if side.teachers is not None:
+            await app.nursery.start(side.teachers.run)
         await app.nursery.start(ctx.validator.run)
         app.nursery.start_soon(ctx.expiry.forever)
         tokenizer = await _load_model(ctx)
-        await ctx.engine.prepare(tokenizer.name_or_path)
+        await side.engine.prepare(tokenizer)
         in_place_roles = await _check_template(tokenizer, settings)
         ctx.turns = TurnRunner(
             store=ctx.store,
             pause=ctx.pause,
-            engine=ctx.engine,
+            engine=side.engine,
             offload=ctx.offload,
             metrics=ctx.metrics,
             tokenizer=tokenizer,
-            model=ctx.model,
+            model=side.model,
             policy=settings.turn_policy(in_place_roles),
         )
 
     @app.after_serving
     async def shutdown() -> None:
-        await ctx.engine.close_worker_sessions(ctx.registry)
-        await ctx.pool.aclose()
-        if ctx.teachers is not None:
-            await ctx.teachers.aclose()
+        side = ctx.engine_side
+        if side is not None:
+            await side.engine.close_worker_sessions(ctx.registry)
+            await side.pool.aclose()
+            if side.teachers is not None:
+                await side.teachers.aclose()
         await ctx.store.aclose()
 
     # Also werkzeug's HTTPExceptions: Quart looks handlers up along the
@@ -194,6 +200,49 @@ def create_app(
         redirect=fleet.redirect if fleet is not None else None,
     )
     return app
+
+
+async def _start_engine(
+    settings: Settings, validator: AnswerValidator, store: SessionStore, tls: ssl.SSLContext
+) -> EngineSide:
+    """The engine ``--engine`` names, chosen and set from what the workers say
+    (`engines.resolve`: ``auto`` probes them), its pool (and the teachers'),
+    attached to the store. ValueError (a refused start) names the reason."""
+    resolved = await resolve_engine(
+        settings,
+        settings.workers,
+        tls=tls,
+        deadline_s=settings.connect_timeout_s + 3 * settings.health_timeout_s,
+        connect_timeout_s=settings.connect_timeout_s,
+    )
+    spec, launch = resolved.spec, resolved.launch
+    chosen = cast(Settings, resolved.settings)
+    if settings.engine != spec.name:
+        logger.info(
+            "engine %s (--engine %s), its workers running %s",
+            spec.name,
+            settings.engine,
+            ", ".join(f"{k}={v}" for k, v in launch.items()) or "nothing it reads",
+        )
+    pool = WorkerPool(
+        chosen.pool_options(
+            spec.dialect, expected_settings=launch, supplied_settings=spec.supplied
+        ),
+        validator,
+        tls=tls,
+    )
+    for url in settings.workers:
+        pool.add(url)
+    teachers = None
+    if settings.teacher_workers:
+        teachers = WorkerPool(chosen.pool_options(spec.dialect, teachers=True), validator, tls=tls)
+        for url in settings.teacher_workers:
+            teachers.add(url)
+    model = ServedModel(pool, settings.context_length, settings.upstream_model)
+    engine = spec.build(chosen, EngineParts(pool, model, launch))
+    store.attach(engine)
+    rescorer = Rescorer(store.registry, pool, teachers, max_resends=settings.max_continuations)
+    return EngineSide(spec, chosen, pool, engine, model, rescorer, teachers)
 
 
 async def _load_model(ctx: ServerContext) -> ChatTokenizer:

@@ -9,7 +9,7 @@ keep in sync.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -26,12 +26,16 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+# The engine's pool and the engine, once start-up chose them (None before).
+EngineParts = Callable[[], "tuple[WorkerPool, Engine] | None"]
+
+
 class _StateCollector(Collector):
-    def __init__(self, store: SessionStore, pool: WorkerPool, engine: Engine | None) -> None:
-        self._store, self._pool, self._engine = store, pool, engine
+    def __init__(self, store: SessionStore, engine: EngineParts) -> None:
+        self._store, self._engine = store, engine
 
     def collect(self) -> Iterator[Metric]:
-        store, pool = self._store, self._pool
+        store = self._store
         sessions = GaugeMetricFamily(
             "rollout_sessions", "Sessions held, by state", labels=["state"]
         )
@@ -40,6 +44,13 @@ class _StateCollector(Collector):
         for state in SessionState:
             sessions.add_metric([state.value], tally[state.value])
         yield sessions
+        parts = self._engine()
+        if parts is not None:
+            yield from self._engine_metrics(*parts)
+        yield from self._journal_metrics()
+
+    @staticmethod
+    def _engine_metrics(pool: WorkerPool, engine: Engine) -> Iterator[Metric]:
         healthy = GaugeMetricFamily(
             "rollout_worker_healthy", "1 if it takes new sessions", labels=["worker"]
         )
@@ -75,12 +86,14 @@ class _StateCollector(Collector):
         for call, count in sorted(pool.control_failures.items()):
             control.add_metric([call], count)
         yield control
-        for counter in self._engine.counters() if self._engine is not None else ():
+        for counter in engine.counters():
             family = CounterMetricFamily(counter.name, counter.help, labels=list(counter.labels))
             for values, count in counter.values.items():
                 family.add_metric(list(values), count)
             yield family
-        journal = store.journal
+
+    def _journal_metrics(self) -> Iterator[Metric]:
+        journal = self._store.journal
         if journal is not None:
             yield GaugeMetricFamily(
                 "rollout_journal_writable",
@@ -114,10 +127,11 @@ class Metrics(TurnMetrics):
     """The app's registry: the turns' counters, and the state gauges read at
     scrape time from the store, the pool and the engine's own counters."""
 
-    def __init__(self, store: SessionStore, pool: WorkerPool, engine: Engine | None = None) -> None:
+    def __init__(self, store: SessionStore, engine: EngineParts) -> None:
+        """`engine`: the pool and engine start-up chose (None until then)."""
         self.registry = CollectorRegistry()
         super().__init__(self.registry)
-        self.registry.register(_StateCollector(store, pool, engine))
+        self.registry.register(_StateCollector(store, engine))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

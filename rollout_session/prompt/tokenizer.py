@@ -295,6 +295,12 @@ class ChatTokenizer:
         batch_ids: list[int] = encoding.ids
         return batch_ids
 
+    @property
+    def hf(self) -> Any:
+        """The HF tokenizer itself (an engine that decodes as its workers do
+        calls its `decode`, with its defaults)."""
+        return self._tok
+
     def decode_pieces(self, ids: Sequence[int] | Any) -> list[str]:
         """Each token decoded on its own, special tokens kept (for inspection).
         A token holding part of a multi-byte character decodes to U+FFFD."""

@@ -10,6 +10,7 @@ checking that the journal can record the turn and recording it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -56,6 +57,7 @@ class Sampled:
     experts: tuple[bytes, int] | None = None
     weight_versions: tuple[VersionSpan, ...] = ()  # tiling the sampled ids
     continuations: tuple[Continuation, ...] = ()  # the requests after an abort
+    sampling: Mapping[str, Any] | None = None  # what the engine sent (`Turn.sampling`)
 
 
 def commit_turn(
@@ -91,6 +93,7 @@ def commit_turn(
         created_at=now,
         weight_versions=sampled.weight_versions,
         continuations=sampled.continuations,
+        sampling=sampled.sampling,
     )
     trajectory.commit(
         keep_turns=plan.keep_turns,

@@ -95,6 +95,9 @@ class Session:
     worker: str | None = None
     # SGLang `priority` of its turns (None: the server's default, if any).
     priority: int | None = None
+    # The trainer's sampling, pinned for every turn whatever the agent sends
+    # (`turn.sampling`: validated on creation; None: the agent's own).
+    sampling: dict[str, Any] | None = None
     model: str | None = None
     closed_at: float | None = None
     # Invariant: not None exactly while a turn is in flight.
@@ -188,6 +191,7 @@ class Session:
             "num_rollbacks": len(self.rollbacks),
             "worker": self.worker,
             "priority": self.priority,
+            "sampling": self.sampling,
             "created_at": self.created_at,
             "last_active_at": self.last_active_at,
             "metadata": self.metadata,
@@ -249,6 +253,7 @@ class SessionRegistry:
         metadata: dict[str, Any] | None = None,
         ttl_s: float | None = None,
         priority: int | None = None,
+        sampling: dict[str, Any] | None = None,
         replacing: Session | None = None,
     ) -> Session:
         """A new session. `replacing`, a collected session holding the same
@@ -280,6 +285,7 @@ class SessionRegistry:
             last_active_at=now,
             ttl_s=ttl_s,
             priority=priority,
+            sampling=sampling,
         )
         self._add(session)
         return session

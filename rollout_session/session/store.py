@@ -75,8 +75,10 @@ class JournalOptions:
 class SessionStore:
     """Sessions of one server: lookups through `registry`, changes through here."""
 
-    def __init__(self, registry: SessionRegistry, engine: SessionEngine) -> None:
+    def __init__(self, registry: SessionRegistry, engine: SessionEngine | None = None) -> None:
         self.registry = registry
+        # The engine the sessions' pins are kept by; attached at start-up once
+        # it is chosen (`attach`): nothing is released before.
         self._engine = engine
         # Attached by `open_journal` at start-up with --journal; None: memory only.
         self.journal: Journal | None = None
@@ -120,11 +122,26 @@ class SessionStore:
 
     def restore(self, journal: Journal, sessions: list[Session]) -> None:
         """Attach the journal just opened and take back the sessions it replayed
-        (no caps: they existed), with their worker pins."""
+        (no caps: they existed), with their worker pins (the engine takes
+        them back now, or when it is attached)."""
         self.journal = journal
         for session in sessions:
             self.registry.restore(session)
-            self._engine.adopt(session)
+            if self._engine is not None:
+                self._engine.adopt(session)
+
+    def attach(self, engine: SessionEngine) -> None:
+        """The engine chosen at start-up: it takes back every session held
+        so far (those the journal restored) with its pin."""
+        self._engine = engine
+        for session in self.registry:
+            engine.adopt(session)
+
+    @property
+    def engine(self) -> SessionEngine:
+        if self._engine is None:
+            raise RuntimeError("session store used before start-up attached its engine")
+        return self._engine
 
     async def run_journal(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Run the journal's writer for the app's lifetime.
@@ -168,6 +185,7 @@ class SessionStore:
         metadata: dict[str, Any] | None,
         ttl_s: float | None,
         priority: int | None = None,
+        sampling: dict[str, Any] | None = None,
     ) -> Session:
         """A new session, answered once it is durable. An id held by a
         collected session is taken over: that session is forgotten."""
@@ -175,7 +193,12 @@ class SessionStore:
         held = self.registry.find(session_id)
         replacing = held if held is not None and held.state is SessionState.COLLECTED else None
         session = self.registry.create(
-            session_id, metadata=metadata, ttl_s=ttl_s, priority=priority, replacing=replacing
+            session_id,
+            metadata=metadata,
+            ttl_s=ttl_s,
+            priority=priority,
+            sampling=sampling,
+            replacing=replacing,
         )
         journal = self.journal
         if journal is not None:
@@ -240,7 +263,7 @@ class SessionStore:
         in-flight one is cancelled), unpinned, readable until collected."""
         self._check_writable()
         session.expire(self.clock())
-        self._engine.release(session)
+        self.engine.release(session)
         if self.journal is not None:
             self.journal.expire(session)
 
@@ -302,7 +325,7 @@ class SessionStore:
             except JournalError as exc:
                 self.registry.uncollect(session, *before)
                 raise _unavailable() from exc
-        self._engine.release(session)
+        self.engine.release(session)
 
     def forget(self, session: Session) -> None:
         """Drop a session the server closed or a DELETE collected, its keep
@@ -314,4 +337,4 @@ class SessionStore:
 
     def _remove(self, session: Session) -> None:
         self.registry.remove(session)
-        self._engine.release(session)
+        self.engine.release(session)

@@ -224,6 +224,9 @@ class Turn:
     # The requests after the first, when its worker aborted the turn and it
     # was continued (docs/training.md#interrupted-turns).
     continuations: tuple[Continuation, ...] = ()
+    # The sampling parameters the engine sent for it (None where the worker's
+    # own default applied; None for turns journaled before they were kept).
+    sampling: Mapping[str, Any] | None = None
 
     @classmethod
     def of(cls, fields: Mapping[str, Any]) -> Turn:

@@ -10,7 +10,9 @@ unnamed.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..engines.base import Completion, EngineRequest, Partial
 from ..session.trajectory import Continuation
@@ -66,6 +68,8 @@ class Interruption:
     worker: str = ""
     cached_tokens: int | None = None
     latency_s: float = 0.0
+    # The sampling parameters of the first request's answer (the turn's).
+    sampling: Mapping[str, Any] | None = None
 
     def next_request(self, aborted: Completion) -> EngineRequest:
         """The request after `aborted`: its continuation, or the first
@@ -106,6 +110,7 @@ class Interruption:
             )
         else:
             self.worker, self.cached_tokens = completion.worker, completion.cached_tokens
+            self.sampling = completion.sampling
 
     @property
     def reprefilled(self) -> int:

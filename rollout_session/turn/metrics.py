@@ -67,6 +67,13 @@ class TurnMetrics:
             "Prompt tokens continuations sent that their worker did not have cached",
             registry=r,
         )
+        self.sampling_conflicts = Counter(
+            "rollout_sampling_conflicts",
+            "Agent sampling values that differed from the session's pinned sampling, by "
+            "parameter and what was done (override: the session's was sent; refuse: 400)",
+            ["param", "action"],
+            registry=r,
+        )
         self.pause_wait = Histogram(
             "rollout_pause_wait_seconds",
             "Time an interrupted turn waited for the server to resume",

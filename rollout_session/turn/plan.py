@@ -27,6 +27,7 @@ from ..session.trajectory import Turn
 from .interrupted import OnAbort
 from .limits import PromptRoom
 from .request import ChatRequest
+from .sampling import OnSamplingConflict
 
 __all__ = ["TurnPolicy", "plan_turn"]
 
@@ -50,6 +51,8 @@ class TurnPolicy:
     routed_experts: bool = False  # ask for and store routed experts (R3)
     on_abort: OnAbort = OnAbort.CONTINUE  # a worker's abort answer
     max_continuations: int = 8  # requests a turn may add after aborts
+    # An agent value that differs from its session's pinned sampling.
+    on_sampling_conflict: OnSamplingConflict = OnSamplingConflict.OVERRIDE
 
 
 def _diverged_roles(new: list[Message], allowed: frozenset[str], offset: int) -> int | None:

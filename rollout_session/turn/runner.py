@@ -28,6 +28,7 @@ from ..engines.base import (
 )
 from ..engines.served_model import ServedModel
 from ..errors import (
+    InvalidRequest,
     RolloutSessionError,
     SessionBusy,
     SessionClosing,
@@ -48,6 +49,7 @@ from .offload import Offload
 from .pause import PauseGate
 from .plan import TurnPolicy, plan_turn
 from .request import ChatRequest, StreamMode, parse_chat_request
+from .sampling import pin
 
 __all__ = ["TurnOutcome", "TurnPolicy", "TurnRunner", "plan_turn", "sampled"]
 
@@ -86,6 +88,10 @@ def sampled(completion: Completion, requests: Interruption | None = None) -> Sam
         experts=completion.experts,
         weight_versions=completion.weight_versions,
         continuations=continuations,
+        # The first request's: a continuation's limits are what was left of them.
+        sampling=requests.sampling
+        if requests is not None and continuations
+        else completion.sampling,
     )
 
 
@@ -181,6 +187,7 @@ class TurnRunner:
             request = await offload.run(len(body), parse_chat_request, body)
         else:
             request = await offload.run(len(body), decode, session)
+        request = self._pinned(session, request)
         # Tokenising costs far more per byte than parsing: weighed so that a
         # body carrying long new text is planned on a thread, where the
         # tokenizer releases the GIL.
@@ -314,6 +321,19 @@ class TurnRunner:
         if not params.get("ignore_eos"):
             stops |= self.tokenizer.stop_ids
         return int(aborted.ids[-1]) in stops
+
+    def _pinned(self, session: Session, request: ChatRequest) -> ChatRequest:
+        """`request` with the session's pinned sampling; each agent value it
+        replaced (or refused) counted."""
+        mode = self.policy.on_sampling_conflict
+        try:
+            pinned, conflicts = pin(request, session.sampling, mode)
+        except InvalidRequest as refused:
+            self.metrics.sampling_conflicts.labels(refused.param or "", mode.value).inc()
+            raise
+        for conflict in conflicts:
+            self.metrics.sampling_conflicts.labels(conflict.param, mode.value).inc()
+        return pinned
 
     def _report_rollback(self, session: Session, rollback: Rollback) -> None:
         # Never silent: the dropped turns' sampled tokens left the trajectory.

@@ -39,6 +39,7 @@ __all__ = [
     "NotSent",
     "UpstreamReply",
     "WorkerClient",
+    "failure_detail",
     "forwardable_headers",
     "get_json",
     "post",
@@ -103,6 +104,14 @@ def transport_detail(exc: BaseException) -> str:
             return f"{type(exc).__name__} ({type(cause).__name__}: {cause})"
         cause = cause.__cause__ or cause.__context__
     return type(exc).__name__
+
+
+def failure_detail(exc: BaseException) -> str:
+    """An exchange's failure for a worker's ``last_error``: our own error's
+    message as it is, a transport failure with its cause (`transport_detail`)."""
+    if isinstance(exc, UpstreamError | UpstreamMalformed | UpstreamTimeout):
+        return str(exc)
+    return transport_detail(exc)
 
 
 # httpcore reads 64 KiB at a time: a large answer is many reads, each a

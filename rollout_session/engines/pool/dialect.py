@@ -9,8 +9,10 @@ engine; only these exchanges differ. An engine package declares its
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from ..scoring import ScoringDialect
 from .client import WorkerClient
@@ -34,6 +36,12 @@ class ModelInfo:
     max_model_len: int | None
     # Every model id the worker's /v1/models lists (`model` is the first).
     models: tuple[str, ...] = ()
+    # The launch settings an engine depends on, as the worker publishes
+    # them, by this server's field names (SGLang's /server_info:
+    # tool_call_parser, reasoning_parser, skip_tokenizer_init); a key is
+    # absent where the worker does not say. Every worker of a pool must
+    # agree on each (`health.HealthChecks`).
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True)

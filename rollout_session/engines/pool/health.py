@@ -19,7 +19,7 @@ way its traffic does (no proxy from the environment).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -32,12 +32,55 @@ from .membership import Membership
 from .options import PoolOptions
 from .worker import Health, Worker
 
-__all__ = ["HealthChecks"]
+__all__ = ["HealthChecks", "differences", "flag_text", "settings_problem"]
 
 logger = logging.getLogger("rollout_session")
 
 # An admission check's outcome: the worker's model card, or why it failed.
 Found = dict[Worker, ModelInfo | str]
+
+
+def differences(
+    settings: Mapping[str, Any],
+    wanted: Mapping[str, Any],
+    supplied: frozenset[str] = frozenset(),
+) -> list[tuple[str, Any, Any]]:
+    """(name, the worker's value, the wanted one) for each setting both name
+    and they disagree on. Not compared: a setting a worker does not publish,
+    and one of `supplied` it runs without (None: the server supplies it)."""
+    return [
+        (name, settings[name], value)
+        for name, value in wanted.items()
+        if name in settings
+        and settings[name] != value
+        and not (settings[name] is None and name in supplied)
+    ]
+
+
+def flag_text(name: str, value: Any) -> str:
+    """A launch setting as its flag on a command line."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"{flag} {value}" if value is not None else f"no {flag}"
+
+
+def settings_problem(
+    settings: Mapping[str, Any],
+    expected: Mapping[str, Any],
+    served: Mapping[str, Any],
+    supplied: frozenset[str] = frozenset(),
+) -> str | None:
+    """Why a worker with these launch `settings` cannot join: one that
+    contradicts what the server expects, or (for a setting the server
+    expects nothing of) what the pool's first worker runs, naming both
+    values; None when none does."""
+    for name, got, want in differences(settings, expected, supplied):
+        return f"runs {flag_text(name, got)}, where this server expects {flag_text(name, want)}"
+    unexpected = {k: v for k, v in served.items() if k not in expected}
+    for name, got, want in differences(settings, unexpected):
+        return f"runs {flag_text(name, got)}, where the pool's workers run {flag_text(name, want)}"
+    return None
 
 
 class HealthChecks:
@@ -97,6 +140,19 @@ class HealthChecks:
         await self._check(worker, found)
         self._admit(found)
 
+    async def admit_now(self, worker: Worker) -> str | None:
+        """One admission check of a worker joining at run time, now: why it
+        cannot join when it answers ``/health`` but is not a worker this pool
+        takes (another engine's, another model, other launch settings); None
+        when it was admitted, or did not answer (it stays joining: it may be
+        starting)."""
+        found: Found = {}
+        answered = await self._check(worker, found)
+        self._admit(found)
+        if answered and worker.health is not Health.HEALTHY:
+            return worker.last_error
+        return None
+
     async def failure(self, worker: Worker) -> str | None:
         """Why `GET /health` failed, None when it answered 200."""
         timeout = self._options.health_timeout_s
@@ -117,9 +173,10 @@ class HealthChecks:
         if self._members.member(worker):
             self._record(worker, ok=reason is None, reason=reason)
 
-    async def _check(self, worker: Worker, found: Found) -> None:
+    async def _check(self, worker: Worker, found: Found) -> bool:
         """An admission check: /health, then what the worker serves (into
-        `found`: its model card, or why it is not its engine's worker)."""
+        `found`: its model card, or why it is not its engine's worker).
+        Returns whether it answered /health."""
         failure = await self.failure(worker)
         if failure is not None:
             found[worker] = failure
@@ -131,14 +188,21 @@ class HealthChecks:
             except UpstreamError as exc:
                 found[worker] = str(exc)
         worker.last_checked_at = self._clock()
+        return failure is None
 
     def _admit(self, found: Found) -> None:
         """Record admission checks: a worker passes if it lists the served
-        model (learned here, in pool order, when not yet known)."""
+        model and runs with the expected launch settings and those of the
+        pool's first worker (the served model and its settings are learned
+        here, in pool order, when not yet known)."""
+        expected = self._options.expected_settings
+        supplied = self._options.supplied_settings
         if self.served is None:
             for worker in self._members.workers.values():
                 card = found.get(worker)
-                if isinstance(card, ModelInfo):
+                if isinstance(card, ModelInfo) and not differences(
+                    card.settings, expected, supplied
+                ):
                     self.served = card
                     logger.info(
                         "%sserving model %s (as %s reports it)",
@@ -152,14 +216,18 @@ class HealthChecks:
                 continue
             if not isinstance(card, ModelInfo):
                 self._record(worker, ok=False, reason=card)
-            elif self.served is not None and self.served.model in card.models:
-                worker.model = self.served.model
-                self._record(worker, ok=True)
-                self._check_hint_support(worker)
-            else:
+            elif self.served is None or self.served.model not in card.models:
                 served = self.served.model if self.served else "?"
                 listed = ", ".join(card.models)
                 self._record(worker, ok=False, reason=f"serves {listed}, not {served}")
+            elif problem := settings_problem(
+                card.settings, expected, self.served.settings, supplied
+            ):
+                self._record(worker, ok=False, reason=problem)
+            else:
+                worker.model = self.served.model
+                self._record(worker, ok=True)
+                self._check_hint_support(worker)
 
     def _record(self, worker: Worker, *, ok: bool, reason: str | None = None) -> None:
         """One probe's outcome: a /health probe of a healthy worker, or an

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from ..worker_urls import WorkerHosts
 from .dialect import WorkerDialect
@@ -34,11 +37,18 @@ class PoolOptions:
     fixed_upstream_model: str | None  # --upstream-model NAME (not a keyword)
     # What the pool's log lines call it ("" for the rollout workers).
     label: str = ""
+    # Launch settings every worker must run with, where it publishes them
+    # (`ModelInfo.settings`): the engine's needs and the flags the server
+    # was given (a worker that says otherwise is not admitted).
+    expected_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # Those of them a worker may run without (`EngineSpec.supplied`).
+    supplied_settings: frozenset[str] = frozenset()
 
     @property
     def read_model_s(self) -> float:
         """An admission check's budget for reading the model: two small
-        GETs, a probe's budget each, plus connecting."""
+        GETs, a probe's budget each, plus connecting (its launch settings,
+        a third, get the same again)."""
         return self.connect_timeout_s + 2 * self.health_timeout_s
 
     @property

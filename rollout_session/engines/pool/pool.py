@@ -8,7 +8,7 @@ may call what:
   `adopt` / `release_session`, worker-side sessions (`control`) and
   `server_info`;
 - the rescorer: `scorer` (a worker to score on), then `send`;
-- operators and the app: membership (`add`, `get`, `remove`, `workers`,
+- operators and the app: membership (`add`, `join`, `get`, `remove`, `workers`,
   `counts`), the served model (`served`, `model_info`), pauses
   (`interrupt`, `resume_sending`), `run` / `aclose`, and `wait_until` for
   tools and tests that wait on the pool's changes.
@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import httpx
 import trio
 
+from ...errors import InvalidRequest
 from ..base import EngineSession, Validation
 from .circuit import Breaker
 from .control import Control
@@ -135,6 +136,19 @@ class WorkerPool:
         """A new worker, `JOINING`: checked at once, used once admitted."""
         worker = self._members.add(url)
         self._health.admit_soon(worker)
+        return worker
+
+    async def join(self, url: str) -> Worker:
+        """A worker added at run time (``POST /workers``), checked now: one
+        that answers but is not a worker this pool takes (another engine's,
+        another model, other launch settings) is refused with the reason
+        (`InvalidRequest`) and not kept; one that does not answer yet stays
+        joining."""
+        worker = self._members.add(url)
+        refusal = await self._health.admit_now(worker)
+        if refusal is not None:
+            await self._members.remove(worker.url)
+            raise InvalidRequest(f"worker {worker.url} cannot join: {refusal}", param="url")
         return worker
 
     def get(self, url: str) -> Worker:

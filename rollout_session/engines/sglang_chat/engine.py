@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+from ...prompt.tokenizer import ChatTokenizer
 from ..answer import AnswerCheck
 from ..base import (
     AgentReply,
@@ -31,6 +32,7 @@ from ..base import (
     Refusal,
 )
 from ..pool import Check, WorkerPool, WorkerRequest
+from ..sampling import applied
 from ..served_model import ServedModel
 from ..stitch import version_spans
 from .answer import check_answer, decode_cost
@@ -84,6 +86,16 @@ def chat_body(
         # Replaces the agent's: ServedModel.upstream_name decided it (--upstream-model).
         body["model"] = model
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _sent_sampling(request: EngineRequest) -> dict[str, Any]:
+    """The sampling keys `chat_body` sends (the rest: the chat route's own
+    defaults, the model's generation_config)."""
+    params = request.params
+    limit = params.get("max_completion_tokens", params.get("max_tokens"))
+    if request.max_tokens is not None:
+        limit = request.max_tokens
+    return applied({**params, "max_tokens": limit})
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,9 +158,10 @@ class SGLangChatEngine:
             worker=reply.served_by,  # behind a gateway, the worker it routed to
             latency_s=reply.latency_s,
             reply=agent_reply,
+            sampling=_sent_sampling(request),
         )
 
-    async def prepare(self, model_dir: str) -> None:
+    async def prepare(self, tokenizer: ChatTokenizer) -> None:
         """Nothing to read: the worker's chat route applies the model's defaults."""
 
     def counters(self) -> Iterable[EngineCounter]:

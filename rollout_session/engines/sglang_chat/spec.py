@@ -41,4 +41,8 @@ SPEC = EngineSpec(
     ),
     check=_check,
     build=_build,
+    worker_settings={"skip_tokenizer_init": False},
+    # Its chat route answers only with a tokenizer (SGLang 0.5.23
+    # serving_chat.py reads the tokenizer manager's tokenizer).
+    needs={"skip_tokenizer_init": False},
 )

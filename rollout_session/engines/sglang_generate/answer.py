@@ -22,7 +22,7 @@ from ...errors import UpstreamMalformed
 from ...tokens import IdArray, LogprobArray
 from ..answer import AnswerCheck, Logprob, decode_routed_experts, decode_strictly, token_id
 
-__all__ = ["GenerateAnswer", "check_generate_answer"]
+__all__ = ["GenerateAnswer", "check_generate_answer", "check_generate_ids"]
 
 
 class _Finish(msgspec.Struct):
@@ -56,7 +56,12 @@ def _structs(vocab_size: int) -> type[msgspec.Struct]:
     )
     return msgspec.defstruct(
         "GenerateAnswer",
-        [("text", str), ("output_ids", list[TokenId]), ("meta_info", Meta)],  # type: ignore[valid-type]
+        [
+            ("output_ids", list[TokenId]),  # type: ignore[valid-type]
+            ("meta_info", Meta),
+            # Absent from a --skip-tokenizer-init worker's answer (checked below).
+            ("text", str | None, None),
+        ],
     )
 
 
@@ -92,7 +97,26 @@ class GenerateAnswer:
 
 def check_generate_answer(body: bytes, check: AnswerCheck) -> GenerateAnswer:
     """Decode and check a ``/generate`` 200 body; raise `UpstreamMalformed` if bad."""
+    return _checked(body, check, ids_only=False)
+
+
+def check_generate_ids(body: bytes, check: AnswerCheck) -> GenerateAnswer:
+    """`check_generate_answer` for a ``--skip-tokenizer-init`` worker, which
+    answers ids and no text: the answer's `text` is "" and its `token_texts`
+    None until the engine decodes them (`detokenize.Detokenizer`)."""
+    return _checked(body, check, ids_only=True)
+
+
+def _checked(body: bytes, check: AnswerCheck, *, ids_only: bool) -> GenerateAnswer:
     answer = decode_strictly(_decoder(check.vocab_size), body)
+    if (answer.text is None) is not ids_only:
+        raise UpstreamMalformed(
+            "worker answer has text although its /server_info says --skip-tokenizer-init"
+            if ids_only
+            else "worker answer has no text (a --skip-tokenizer-init worker, which its "
+            "/server_info does not say)",
+            kind="schema",
+        )
     meta = answer.meta_info
     entries = meta.output_token_logprobs
     if not (len(entries) == len(answer.output_ids) == meta.completion_tokens):
@@ -128,7 +152,7 @@ def check_generate_answer(body: bytes, check: AnswerCheck) -> GenerateAnswer:
         ids=ids,
         logprobs=logprobs,
         token_texts=[e.text for e in entries],
-        text=answer.text,
+        text=answer.text or "",
         finish={"type": meta.finish_reason.type, "matched": meta.finish_reason.matched},
         prompt_tokens=prompt_tokens,
         cached_tokens=meta.cached_tokens,

@@ -26,6 +26,7 @@ import orjson
 import trio
 
 from ...errors import UpstreamError, UpstreamMalformed
+from ...prompt.tokenizer import ChatTokenizer
 from ...tokens import IdArray, LogprobArray, VersionSpan
 from ..answer import AnswerCheck
 from ..base import (
@@ -38,10 +39,12 @@ from ..base import (
     Refusal,
 )
 from ..pool import Check, Sent, WorkerPool, WorkerRequest
+from ..sampling import applied
 from ..served_model import ServedModel
 from ..stitch import reported_spans, stitch, to_continue, version_spans
-from .answer import GenerateAnswer, check_generate_answer
+from .answer import GenerateAnswer, check_generate_answer, check_generate_ids
 from .delta import Plan, Rebuild, RemoteSessions, dp_rank, lost_session
+from .detokenize import Detokenizer
 from .parsers import Parsers
 from .reply import ParsedAnswer, chat_completion, error_reply, parse_json_array, tool_call_id
 from .request import (
@@ -74,7 +77,11 @@ class SGLangGenerateEngine:
     delta: RemoteSessions | None = None
     # How long a worker keeps an idle worker-side session (its reaper); None: forever.
     remote_timeout_s: float | None = None
+    # The workers run --skip-tokenizer-init: they answer ids, which this
+    # engine decodes as SGLang's detokenizer would (`detokenize`).
+    ids_only: bool = False
     _dp_sizes: dict[str, int] = field(default_factory=dict, init=False)
+    _detokenizer: Detokenizer | None = field(default=None, init=False)
 
     can_continue: ClassVar[bool] = True
 
@@ -119,6 +126,18 @@ class SGLangGenerateEngine:
             # The worker's own refusal, in the chat route's error shape.
             return Refusal(error_reply(reply.status, _message(reply.body)), reply.worker)
         answer = sent.checked
+        if self._detokenizer is not None:
+            answer = replace(
+                answer,
+                text=self._detokenizer.text(
+                    request.input_ids[-8:].tolist(),
+                    answer.ids.tolist(),
+                    answer.finish,
+                    skip_special_tokens=sampling["skip_special_tokens"],
+                    spaces_between_special_tokens=sampling["spaces_between_special_tokens"],
+                ),
+                token_texts=self._detokenizer.token_texts(answer.ids.tolist()),
+            )
         if plan is not None and self.delta is not None:
             self.delta.finished(session.id, reply.worker, plan, rid, request.input_ids, answer.ids)
         cached = answer.cached_tokens  # this request's, not the stitched answer's
@@ -136,6 +155,7 @@ class SGLangGenerateEngine:
                 worker=reply.served_by,
                 latency_s=reply.latency_s,
                 engine_state=answer,
+                sampling=applied(sampling, _SAMPLING_NAMES),
             )
         parsed = await self._parse(session, reply.worker, request, answer, forced)
         body = chat_completion(rid, model, answer, parsed)
@@ -154,6 +174,7 @@ class SGLangGenerateEngine:
             latency_s=reply.latency_s,
             reply=AgentReply(200, [(b"content-type", b"application/json")], body),
             engine_state=answer,
+            sampling=applied(sampling, _SAMPLING_NAMES),
         )
 
     async def _plan(
@@ -227,7 +248,10 @@ class SGLangGenerateEngine:
                 body=payload,
                 request_id=rid,
                 resend_if_gone=request.partial is not None,
-                check=Check(check_generate_answer, AnswerCheck.of(request)),
+                check=Check(
+                    check_generate_ids if self.ids_only else check_generate_answer,
+                    AnswerCheck.of(request),
+                ),
             ),
         )
 
@@ -324,9 +348,14 @@ class SGLangGenerateEngine:
             raise UpstreamError(f"the worker's {path} answer is not a JSON object")
         return data
 
-    async def prepare(self, model_dir: str) -> None:
-        """The chat route's generation_config defaults, from the model's files."""
-        self.options = await trio.to_thread.run_sync(model_options, self.options.parsers, model_dir)
+    async def prepare(self, tokenizer: ChatTokenizer) -> None:
+        """The chat route's generation_config defaults, from the model's files;
+        for workers without a tokenizer, the server's decodes their ids."""
+        self.options = await trio.to_thread.run_sync(
+            model_options, self.options.parsers, tokenizer.name_or_path
+        )
+        if self.ids_only:
+            self._detokenizer = Detokenizer(tokenizer.hf, self.options.parsers.tool_call)
 
     def counters(self) -> Iterable[EngineCounter]:
         delta = self.delta
@@ -365,6 +394,8 @@ class SGLangGenerateEngine:
         )
 
 
+# SamplingParams' names for the keys a turn records (`engines.sampling`).
+_SAMPLING_NAMES = {"max_tokens": "max_new_tokens", "seed": "sampling_seed"}
 # Sampling keys whose grammar the worker starts at the first sampled token.
 _GRAMMARS = ("json_schema", "regex", "ebnf", "structural_tag")
 

@@ -34,6 +34,7 @@ def _build(settings: EngineSettings, parts: EngineParts) -> Engine:
         delta=RemoteSessions() if mode is KvMode.DELTA else None,
         # A worker reaps an idle session after this; a later turn rebuilds it.
         remote_timeout_s=settings.session_ttl_s,
+        ids_only=bool(parts.launch.get("skip_tokenizer_init")),
     )
 
 
@@ -52,4 +53,17 @@ SPEC = EngineSpec(
     ),
     check=_check,
     build=_build,
+    worker_settings={
+        "tool_call_parser": None,
+        "reasoning_parser": None,
+        "skip_tokenizer_init": False,
+    },
+    # The parse routes take the parser's name per request, so a worker
+    # launched without parsers (verl launches SGLang so) is served with this
+    # server's `--tool-call-parser`/`--reasoning-parser`.
+    supplied=frozenset({"tool_call_parser", "reasoning_parser"}),
+    auto=True,
+    # Parsers this engine does not reproduce (gpt-oss's) still parse exactly
+    # on the chat route, which needs a tokenizer (its `needs`).
+    fallback="sglang-chat",
 )

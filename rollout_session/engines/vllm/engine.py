@@ -20,8 +20,9 @@ of route and its evidence.
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -29,6 +30,7 @@ import msgspec
 import trio
 
 from ...errors import UpstreamError, UpstreamMalformed
+from ...prompt.tokenizer import ChatTokenizer
 from ..answer import AnswerCheck
 from ..base import (
     AgentReply,
@@ -40,6 +42,7 @@ from ..base import (
     Refusal,
 )
 from ..pool import Check, Sent, WorkerPool, WorkerRequest
+from ..sampling import applied
 from ..served_model import ServedModel
 from ..stitch import Stitched, reported_spans, stitch, to_continue, version_spans
 from .answer import VllmAnswer, check_derendered, check_vllm_answer
@@ -48,16 +51,19 @@ from .request import (
     Untranslatable,
     VllmOptions,
     derender_body,
+    effective_default,
     generate_body,
     model_options,
     parser_constrains,
+    read_sampling_defaults,
     render_body,
     sampling_params,
 )
-from .worker import GENERATE_PATH
+from .worker import GENERATE_PATH, RENDER_PATH
 
-RENDER_PATH = "/v1/chat/completions/render"
 DERENDER_PATH = "/v1/chat/completions/derender"
+
+logger = logging.getLogger("rollout_session")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,9 @@ class VllmEngine:
     pool: WorkerPool  # the session's sticky worker, failover, checks, circuit breaker
     model: ServedModel
     options: VllmOptions = field(default_factory=VllmOptions)
+    # The workers' chat-route sampling defaults, from their rendering of a
+    # request (None: not read; the model's files are).
+    worker_defaults: Mapping[str, Any] | None = None
 
     can_continue: ClassVar[bool] = True
 
@@ -172,6 +181,7 @@ class VllmEngine:
                 worker=reply.served_by,
                 latency_s=reply.latency_s,
                 engine_state=state,
+                sampling=applied(sampling),
             )
         include_reasoning = request.params.get("include_reasoning") is not False
         body = chat_completion(
@@ -192,6 +202,7 @@ class VllmEngine:
             latency_s=reply.latency_s,
             reply=AgentReply(200, [(b"content-type", b"application/json")], body),
             engine_state=state,
+            sampling=applied(sampling),
         )
 
     async def _derender(
@@ -250,9 +261,30 @@ class VllmEngine:
             return Refusal(AgentReply(reply.status, reply.headers, reply.body), reply.worker)
         return sent.answer
 
-    async def prepare(self, model_dir: str) -> None:
-        """vLLM's chat-route sampling defaults, from the model's generation_config."""
-        self.options = await trio.to_thread.run_sync(model_options, self.options.parsers, model_dir)
+    async def prepare(self, tokenizer: ChatTokenizer) -> None:
+        """The sampling defaults of vLLM's chat route: the workers' own, as
+        their rendering of a request shows them (a generation-config
+        override included; a difference from the model's files is logged),
+        else read from the model's generation_config."""
+        parsers, path = self.options.parsers, tokenizer.name_or_path
+        if self.worker_defaults is None:
+            self.options = await trio.to_thread.run_sync(model_options, parsers, path)
+            return
+        files = await trio.to_thread.run_sync(read_sampling_defaults, path)
+        differ = {
+            key: (effective_default(files, key), value)
+            for key, value in self.worker_defaults.items()
+            if effective_default(files, key) != value
+        }
+        if differ:
+            logger.info(
+                "vllm: the workers' chat route samples with %s, where the model's "
+                "generation_config.json gives %s (a --generation-config or "
+                "--override-generation-config): the workers' own defaults are used",
+                ", ".join(f"{k}={v[1]}" for k, v in differ.items()),
+                ", ".join(f"{k}={v[0]}" for k, v in differ.items()),
+            )
+        self.options = VllmOptions(parsers, dict(self.worker_defaults))
 
     def counters(self) -> Iterable[EngineCounter]:
         return ()

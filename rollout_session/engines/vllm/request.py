@@ -127,6 +127,15 @@ def read_sampling_defaults(model_dir: str | Path) -> dict[str, Any]:
     }
 
 
+def effective_default(model_defaults: Mapping[str, Any], key: str) -> Any:
+    """What the chat route applies for `key` when a request leaves it unset:
+    the model's default, else ``ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS``
+    (``skip_special_tokens`` True; ``max_new_tokens`` None: no cap)."""
+    if key in model_defaults:
+        return model_defaults[key]
+    return {"skip_special_tokens": True, "max_new_tokens": None, **_DEFAULTS}.get(key)
+
+
 def model_options(parsers: VllmParsers, model_dir: str | Path) -> VllmOptions:
     if not (Path(model_dir) / "generation_config.json").is_file():
         # Not silent: vLLM may read defaults from files the server does not see.

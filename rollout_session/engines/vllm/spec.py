@@ -6,7 +6,7 @@ from ..base import Engine
 from ..kv_sessions import KvMode
 from ..spec import EngineFlag, EngineParts, EngineSettings, EngineSpec
 from .parsers import VllmParsers
-from .worker import VLLM_WORKERS
+from .worker import SAMPLING_DEFAULTS, VLLM_WORKERS
 
 __all__ = ["SPEC"]
 
@@ -30,7 +30,12 @@ def _build(settings: EngineSettings, parts: EngineParts) -> Engine:
     from .engine import VllmEngine
     from .request import VllmOptions
 
-    return VllmEngine(parts.pool, parts.model, VllmOptions(_parsers(settings)))
+    return VllmEngine(
+        parts.pool,
+        parts.model,
+        VllmOptions(_parsers(settings)),
+        worker_defaults=parts.launch.get(SAMPLING_DEFAULTS),
+    )
 
 
 SPEC = EngineSpec(
@@ -43,4 +48,8 @@ SPEC = EngineSpec(
     ),
     check=_check,
     build=_build,
+    # vLLM publishes no launch settings; its chat route's sampling defaults
+    # show in its own rendering of a request (`worker._sampling_defaults`).
+    worker_settings={SAMPLING_DEFAULTS: None},
+    auto=True,
 )

@@ -13,20 +13,34 @@ the circuit's probe too.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 import httpcore
+import msgspec
 import orjson
 import trio
 
 from ...errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
-from ..pool.client import TRANSPORT_ERRORS, NotSent, WorkerClient, get_json, post
+from ..pool.client import TRANSPORT_ERRORS, NotSent, WorkerClient, failure_detail, get_json, post
 from ..pool.dialect import PROBE_SESSION, ModelInfo, Probe, WorkerDialect
 from ..scoring import VLLM_SCORING
 from .answer import check_vllm_probe
 
-__all__ = ["GENERATE_PATH", "VLLM_WORKERS", "fetch_vllm_model_info"]
+__all__ = [
+    "GENERATE_PATH",
+    "RENDER_PATH",
+    "SAMPLING_DEFAULTS",
+    "VLLM_WORKERS",
+    "fetch_vllm_model_info",
+]
 
 GENERATE_PATH = "/inference/v1/generate"
+RENDER_PATH = "/v1/chat/completions/render"
+# The launch setting a vLLM worker shows through its rendering: its chat
+# route's sampling defaults (`ModelInfo.settings` key; the engine's).
+SAMPLING_DEFAULTS = "sampling_defaults"
 ABORT_PATH = "/inference/v1/abort_requests"
 # vllm-project/router hashes sessions on X-Session-ID; vLLM passes it to its
 # engine (generate/base/serving.py SESSION_ID_HEADER). smg's key as for SGLang.
@@ -91,7 +105,9 @@ async def fetch_vllm_model_info(client: WorkerClient, deadline_s: float) -> Mode
             f"cannot read model info from the worker: no answer within {deadline_s:g} s"
         ) from None
     except (NotSent, UpstreamTimeout, httpcore.TimeoutException, *TRANSPORT_ERRORS) as exc:
-        raise UpstreamError(f"cannot read model info from the worker: {exc}") from None
+        raise UpstreamError(
+            f"cannot read model info from the worker: {failure_detail(exc)}"
+        ) from None
     if reply.status == 403:
         raise UpstreamError(
             f"{GENERATE_PATH} answered 403 ({_error_message(reply.body)}): start vLLM with "
@@ -106,15 +122,87 @@ async def fetch_vllm_model_info(client: WorkerClient, deadline_s: float) -> Mode
     except UpstreamMalformed as exc:
         raise UpstreamError(f"{GENERATE_PATH} answered unlike vLLM: {exc}") from None
     max_len = base.get("max_model_len")
+    if not isinstance(max_len, int) or isinstance(max_len, bool):
+        max_len = None
     root = base.get("root")
+    defaults = await _sampling_defaults(client, base["id"], max_len, deadline_s)
     return ModelInfo(
         model=base["id"],
         tokenizer_path=root if isinstance(root, str) and root else None,
-        max_model_len=max_len
-        if isinstance(max_len, int) and not isinstance(max_len, bool)
-        else None,
+        max_model_len=max_len,
         models=tuple(m["id"] for m in cards),
+        settings={} if defaults is None else {SAMPLING_DEFAULTS: defaults},
     )
+
+
+# What a rendered request's SamplingParams leaves out is its default
+# (vLLM 0.33.0 sampling_params.py SamplingParams; msgspec omits defaults).
+_SAMPLING_PARAMS_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "skip_special_tokens": True,
+    }
+)
+
+
+class _Rendered(msgspec.Struct):
+    token_ids: list[int]
+    sampling_params: dict[str, Any]
+
+
+_RENDERED = msgspec.json.Decoder(_Rendered)
+
+
+async def _sampling_defaults(
+    client: WorkerClient, model: str, max_model_len: int | None, deadline_s: float
+) -> dict[str, Any] | None:
+    """The sampling parameters the worker's chat route gives a request that
+    sets none, from its own rendering of one (``/v1/chat/completions/render``,
+    ``ChatCompletionRequest.to_sampling_params`` over
+    ``ModelConfig.get_diff_sampling_param``: the model's generation_config,
+    or ``--generation-config`` / ``--override-generation-config`` where the
+    worker was launched with them): each key of `_SAMPLING_PARAMS_DEFAULTS`,
+    and ``max_new_tokens`` where a default caps ``max_tokens`` below the
+    context. None when the render cannot be read (the engine then reads the
+    model's files, and says so)."""
+    probe = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "ping"}]})
+    try:
+        with trio.fail_after(deadline_s):
+            reply = await post(
+                client,
+                RENDER_PATH,
+                probe,
+                session_id=PROBE_SESSION,
+                session_headers=_SESSION_HEADERS,
+                timeout_s=deadline_s,
+                max_bytes=_PROBE_BYTES,
+            )
+        rendered = _RENDERED.decode(reply.body) if reply.status == 200 else None
+    except (
+        trio.TooSlowError,
+        NotSent,
+        UpstreamError,
+        UpstreamTimeout,
+        UpstreamMalformed,
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+    ):
+        return None
+    if rendered is None:
+        return None
+    params = rendered.sampling_params
+    defaults = {k: params.get(k, v) for k, v in _SAMPLING_PARAMS_DEFAULTS.items()}
+    cap = params.get("max_tokens")
+    room = None if max_model_len is None else max_model_len - len(rendered.token_ids)
+    if isinstance(cap, int) and room is not None and cap < room:
+        defaults["max_new_tokens"] = cap
+    return defaults
 
 
 def _abort(request_ids: list[str]) -> list[tuple[str, bytes]]:

@@ -1,7 +1,10 @@
 """Operator routes: the worker pool at run time, pausing, metrics.
 
-``GET /workers`` shows the pool, ``POST /workers {"url"}`` adds a worker
-(it takes sessions once it passed an admission check: `engines/pool/health.py`),
+``GET /workers`` shows the pool, ``POST /workers {"url"}`` adds a worker,
+checked at once (it takes sessions once it passed an admission check, and
+one that answers but is another engine's worker, serves another model or
+runs other launch settings is refused with the reason:
+`engines/pool/health.py`),
 ``DELETE /workers?url=`` drains one (no new pins, in-flight turns finish) and
 removes it — the drain completes even if the request's client goes away; its
 sessions re-pin on their next turn. ``POST /admin/pause``
@@ -28,14 +31,12 @@ __all__ = ["register_admin_routes"]
 
 
 def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
-    pool = ctx.pool
-
     @app.get("/workers")
     async def list_workers() -> Response:
         teachers = ctx.teachers.workers.values() if ctx.teachers is not None else ()
         return json_response(
             {
-                "workers": [w.summary() for w in pool.workers.values()],
+                "workers": [w.summary() for w in ctx.pool.workers.values()],
                 # --teacher-worker: scoring only (docs/training.md#rescoring).
                 "teachers": [w.summary() for w in teachers],
             }
@@ -46,7 +47,7 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
         url = (await read_json_object(optional=False)).get("url")
         if not isinstance(url, str):
             raise InvalidRequest("url must be an http(s)://host[:port][/path] string", param="url")
-        return json_response(pool.add(url).summary(), status=201)
+        return json_response((await ctx.pool.join(url)).summary(), status=201)
 
     @app.post("/admin/pause")
     async def pause() -> Response:
@@ -85,4 +86,4 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
         url = request.args.get("url")
         if not url:
             raise InvalidRequest("the url query parameter is required", param="url")
-        return json_response((await pool.remove(url)).summary())
+        return json_response((await ctx.pool.remove(url)).summary())

@@ -23,6 +23,7 @@ from ...export.rescores import rescore_document
 from ...session.session import Session, SessionState
 from ...turn.request import parse_json_object
 from ...turn.rescore import parse_rescore
+from ...turn.sampling import parse_sampling
 from ..auth import SessionKeys
 from ..context import ServerContext
 from ..fleet import own_url
@@ -61,6 +62,7 @@ class _CreateArgs:
     metadata: dict[str, Any] | None
     ttl_s: float | None
     priority: int | None
+    sampling: dict[str, Any] | None
 
 
 def _create_args(body: dict[str, Any]) -> _CreateArgs:
@@ -81,7 +83,7 @@ def _create_args(body: dict[str, Any]) -> _CreateArgs:
     priority = body.get("priority")
     if priority is not None and not is_priority(priority):
         raise InvalidRequest(f"{PRIORITY_RANGE} or null", param="priority")
-    return _CreateArgs(session_id, metadata, ttl_s, priority)
+    return _CreateArgs(session_id, metadata, ttl_s, priority, parse_sampling(body.get("sampling")))
 
 
 _STATUS: dict[SessionState, ExportStatus] = {
@@ -159,7 +161,11 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     async def create_session() -> Response:
         args = _create_args(await read_json_object(optional=True))
         session = await store.create(
-            args.session_id, metadata=args.metadata, ttl_s=args.ttl_s, priority=args.priority
+            args.session_id,
+            metadata=args.metadata,
+            ttl_s=args.ttl_s,
+            priority=args.priority,
+            sampling=args.sampling,
         )
         return json_response(
             {

@@ -10,7 +10,7 @@ Records (meta ``"t"``), ``id`` being the session id (``begin``, the first
 record of every segment, belongs to `format`):
 
 - ``create`` ``md`` metadata, ``ca`` created_at, ``ttl`` ttl_s, ``pri`` priority
-  (only when set).
+  and ``smp`` the pinned sampling (each only when set).
 - ``turn``   ``turn`` the `Turn` fields (``index`` is the number of turns
   kept, i.e. the rollback point), ``mf`` messages kept, ``msgs`` messages
   appended after them, ``tools`` (only when ``index == 0``), ``kw`` the
@@ -77,6 +77,7 @@ def create_meta(session: Session) -> dict[str, Any]:
         "ca": session.created_at,
         "ttl": session.ttl_s,
         **({} if session.priority is None else {"pri": session.priority}),
+        **({} if session.sampling is None else {"smp": session.sampling}),
     }
 
 
@@ -315,6 +316,7 @@ class Replay:
             last_active_at=self.now,
             ttl_s=meta["ttl"],
             priority=meta.get("pri"),
+            sampling=meta.get("smp"),
         )
         if meta["t"] == "snapshot":
             _apply_snapshot(session, meta, blobs)

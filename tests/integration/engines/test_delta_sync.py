@@ -141,7 +141,7 @@ async def test_delete_and_shutdown_close_the_worker_sessions(make_stack: StackFa
 
 def test_delta_needs_the_generate_engine() -> None:
     with pytest.raises(ValueError, match="needs --engine sglang-generate"):
-        Settings(workers=("http://w",), kv_sessions="delta")
+        Settings(workers=("http://w",), kv_sessions="delta", engine="sglang-chat")
     Settings(workers=("http://w",), kv_sessions="delta", engine="sglang-generate")
 
 

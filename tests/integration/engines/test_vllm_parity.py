@@ -69,7 +69,7 @@ async def _servers(nursery: trio.Nursery, family: str) -> tuple[RunningServer, R
         ),
     )
     settings = [
-        Settings(workers=(sglang.url,), port=0, tokenizer=str(path)),
+        Settings(workers=(sglang.url,), port=0, tokenizer=str(path), engine="sglang-chat"),
         Settings(
             workers=(vllm.url,),
             port=0,

@@ -21,7 +21,7 @@ from quart_trio import QuartTrio
 
 from rollout_session import Settings, create_app
 from rollout_session.emulator import EmulatorConfig, TextModel
-from rollout_session.engines.pool import Health, WorkerPool
+from rollout_session.engines.pool import Health
 from rollout_session.http.app import server_context
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
@@ -72,12 +72,6 @@ async def test_post_workers_honours_the_host_allow_list(
     assert sorted(stack.ctx.pool.workers) == sorted([stack.emulator_url, other.url])
 
 
-async def wait_for_checks(pool: WorkerPool, url: str, failures: int) -> None:
-    """Until the worker at `url` failed `failures` admission checks in a row."""
-    with trio.fail_after(20):
-        await pool.wait_until(lambda: pool.get(url).consecutive_failures >= failures)
-
-
 async def run_turns(stack: Stack, sessions: int) -> list[str]:
     ids = [await stack.create() for _ in range(sessions)]
     for session_id in ids:
@@ -86,28 +80,30 @@ async def run_turns(stack: Stack, sessions: int) -> list[str]:
     return ids
 
 
-async def test_a_new_worker_takes_no_session_until_it_serves_the_served_model(
+async def test_a_worker_of_another_model_is_refused_when_added(
     make_stack: StackFactory, text_model: TextModel, nursery: trio.Nursery
 ) -> None:
     stack = await make_stack(**FAST)
     pool = stack.ctx.pool
-    # An SGLang worker, but of another model: it never joins.
+    # An SGLang worker, but of another model: refused at once, with the reason.
     other = await spawn_worker(nursery, text_model, EmulatorConfig(model_name="other/model"))
-    added = await stack.client.post("/workers", json={"url": other.url})
-    assert added.status_code == 201
-    assert added.json()["state"] == "joining" and not added.json()["healthy"]
-    await wait_for_checks(pool, other.url, 3)
-    assert "serves other/model, not rollout-session/emulator" in str(pool.get(other.url).last_error)
-    # It has the fewest sessions, yet every session goes to the admitted worker.
+    refused = await stack.client.post("/workers", json={"url": other.url})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "url"
+    assert "serves other/model, not rollout-session/emulator" in error["message"]
+    assert not pool.knows(other.url)
     await run_turns(stack, 3)
     assert other.emulator.received == 0
-    assert pool.get(other.url).active_sessions == 0
-    listed = {w["url"]: w for w in (await stack.client.get("/workers")).json()["workers"]}
-    assert listed[other.url]["state"] == "joining" and not listed[other.url]["healthy"]
-    assert (await stack.client.get("/health")).json()["workers"] == {"healthy": 1, "total": 2}
-    # Restarted on the same port with the served model, it is admitted and,
-    # least loaded, takes the next session.
+    assert (await stack.client.get("/health")).json()["workers"] == {"healthy": 1, "total": 1}
+    # A worker that does not answer yet (starting) joins the pool, and takes
+    # no session until it answers as a worker of the served model.
     other.kill()
+    added = await stack.client.post("/workers", json={"url": other.url})
+    assert added.status_code == 201, added.text
+    assert added.json()["state"] == "joining" and not added.json()["healthy"]
+    await run_turns(stack, 2)
+    assert pool.get(other.url).active_sessions == 0
     text_template = stack.emulator.config.chat_template
     same = await spawn_worker(
         nursery, text_model, EmulatorConfig(chat_template=text_template), port=other.port
@@ -115,6 +111,7 @@ async def test_a_new_worker_takes_no_session_until_it_serves_the_served_model(
     with trio.fail_after(20):
         await pool.wait_for_health(other.url, healthy=True)
     assert pool.get(other.url).model == "rollout-session/emulator"
+    # Least loaded, it takes the next session.
     await run_turns(stack, 1)
     assert same.emulator.received == 1
 
@@ -161,18 +158,18 @@ IMPOSTERS: dict[str, Callable[[], Imposter]] = {
 
 
 @pytest.mark.parametrize("make_imposter", IMPOSTERS.values(), ids=IMPOSTERS.keys())
-async def test_a_server_that_is_not_sglang_never_gets_a_session(
+async def test_a_server_that_is_not_sglang_is_refused_when_added(
     make_stack: StackFactory, nursery: trio.Nursery, make_imposter: Callable[[], Imposter]
 ) -> None:
     stack = await make_stack(**FAST)
     imposter = make_imposter()
     server = await start_server(nursery, imposter.app())
-    added = await stack.client.post("/workers", json={"url": server.url})
-    assert added.status_code == 201
-    await wait_for_checks(stack.ctx.pool, server.url, 3)
+    refused = await stack.client.post("/workers", json={"url": server.url})
+    assert refused.status_code == 400, refused.text
+    assert "cannot join" in refused.json()["error"]["message"]
+    assert not stack.ctx.pool.knows(server.url)
     await run_turns(stack, 3)
     assert imposter.chats == 0
-    assert stack.ctx.pool.get(server.url).health is Health.JOINING
     assert "/health" in imposter.paths  # it was asked, and refused
     await server.aclose()
 

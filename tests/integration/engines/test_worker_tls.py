@@ -21,6 +21,7 @@ import trustme
 from rollout_session import Settings, create_app
 from rollout_session.emulator import EmulatorConfig, TextModel, start_emulator
 from rollout_session.engines.pool import Health
+from rollout_session.engines.resolve import resolve_engine
 from rollout_session.http.app import server_context
 from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
@@ -114,7 +115,8 @@ async def test_without_its_context_a_private_ca_worker_is_never_admitted(
 ) -> None:
     worker = await https_worker(nursery, text_model, chat_tokenizers["chatml"], trustme.CA())
     app = create_app(
-        Settings(workers=(worker,), port=0, **FAST), tokenizer=chat_tokenizers["chatml"]
+        Settings(workers=(worker,), port=0, engine="sglang-chat", **FAST),
+        tokenizer=chat_tokenizers["chatml"],
     )
     server = await start_server(nursery, app)
     (state,) = server_context(app).pool.workers.values()
@@ -122,3 +124,23 @@ async def test_without_its_context_a_private_ca_worker_is_never_admitted(
     # The reason names the certificate, not a bare "ConnectError".
     assert "CERTIFICATE_VERIFY_FAILED" in (state.last_error or ""), state.last_error
     await server.aclose()
+
+
+async def test_under_auto_a_worker_it_cannot_verify_stops_the_start_with_the_reason(
+    nursery: trio.Nursery,
+    text_model: TextModel,
+    chat_tokenizers: dict[str, ChatTokenizer],
+) -> None:
+    """`--engine auto` must hear from a worker to choose the engine: a start
+    where none can be read is refused (start-up's `resolve_engine`), naming why."""
+    worker = await https_worker(nursery, text_model, chat_tokenizers["chatml"], trustme.CA())
+    settings = Settings(workers=(worker,), port=0, **FAST)
+    with pytest.raises(ValueError, match="--engine auto: no worker answered") as refused:
+        await resolve_engine(
+            settings,
+            settings.workers,
+            tls=httpx.create_ssl_context(trust_env=False),
+            deadline_s=2.0,
+            connect_timeout_s=1.0,
+        )
+    assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)

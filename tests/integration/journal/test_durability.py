@@ -173,7 +173,12 @@ async def test_server_restart_with_journal_continues(
 ) -> None:
     expected = await reference(make_stack)
     worker = await spawn_worker(nursery, text_model, EmulatorConfig())
-    settings = Settings(workers=(worker.url,), journal=str(tmp_path), journal_fsync="always")
+    settings = Settings(
+        workers=(worker.url,),
+        journal=str(tmp_path),
+        journal_fsync="always",
+        engine="sglang-chat",  # as the reference's stack
+    )
     servers = []
 
     async def boot() -> str:

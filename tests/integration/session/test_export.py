@@ -15,7 +15,15 @@ from tests.integration.session.test_turns import check_document, echo, run_tool_
 from tests.loopback import TLS
 
 # The document's fields about the session (every schema has them).
-SESSION_FIELDS = ("session_id", "status", "metadata", "created_at", "closed_at", "model")
+SESSION_FIELDS = (
+    "session_id",
+    "status",
+    "metadata",
+    "created_at",
+    "closed_at",
+    "model",
+    "sampling",
+)
 
 
 @pytest.mark.parametrize(
@@ -103,6 +111,7 @@ def expected_sample(doc: dict[str, Any], status: str) -> dict[str, Any]:
         # Each rescore's logprobs over the response (test_rescore.py): none here.
         "rescore_log_probs": {},
         "status": status,
+        "rollout_sampling": [turn["sampling"] for turn in doc["turns"]],
         "metadata": doc["metadata"],
     }
 

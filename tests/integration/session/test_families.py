@@ -85,7 +85,11 @@ async def serve_family(nursery: trio.Nursery) -> AsyncIterator[Serve]:
             nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True)
         )
         settings = Settings(
-            workers=(worker.url,), port=0, tokenizer=str(path), chat_template_kwargs=kwargs
+            workers=(worker.url,),
+            port=0,
+            tokenizer=str(path),
+            chat_template_kwargs=kwargs,
+            engine="sglang-chat",  # the token route's parity is test_generate_parity's
         )
         server = await start_server(
             nursery, create_app(settings, tokenizer=family_tokenizer(family), worker_tls=TLS)

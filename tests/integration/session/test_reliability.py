@@ -27,6 +27,16 @@ def state_of(session: Session) -> SessionState:
     return session.state
 
 
+class Unpinned:
+    """The store's engine for sessions no worker ever held (no app is started)."""
+
+    def adopt(self, session: Session) -> None:
+        pass
+
+    def release(self, session: Session) -> None:
+        session.worker = None
+
+
 async def test_idle_ttl_expiry_with_autojump_clock(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -36,7 +46,7 @@ async def test_idle_ttl_expiry_with_autojump_clock(
             worker_tls=TLS,
         )
     )
-    ctx.store = SessionStore(SessionRegistry(clock=trio.current_time), ctx.engine)
+    ctx.store = SessionStore(SessionRegistry(clock=trio.current_time), Unpinned())
     expiry = Expiry(ctx.store, default_ttl_s=10, keep_closed_s=60, keep_collected_s=60)
     idle = ctx.registry.create("idle")
     short = ctx.registry.create("short", ttl_s=2)

@@ -10,9 +10,11 @@ import pytest
 
 from rollout_session.engines import registry
 from rollout_session.engines.registry import (
+    AUTO,
     DEFAULT_ENGINE,
     ENGINES,
     engine_flags,
+    engine_names,
     engine_spec,
     refuse_unserved,
 )
@@ -22,7 +24,7 @@ from rollout_session.engines.registry import (
 class Flags:
     """The settings an engine reads (`spec.EngineSettings`)."""
 
-    engine: str = DEFAULT_ENGINE
+    engine: str = "sglang-chat"
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     kv_sessions: str = "off"
@@ -39,11 +41,13 @@ def default(field: str) -> object:
 def test_every_engine_is_there_by_its_name() -> None:
     assert list(ENGINES) == ["sglang-chat", "sglang-generate", "vllm"]
     assert all(engine_spec(name).name == name for name in ENGINES)
-    assert DEFAULT_ENGINE in ENGINES
-    with pytest.raises(
-        ValueError, match="engine must be one of sglang-chat, sglang-generate, vllm"
-    ):
+    assert DEFAULT_ENGINE == AUTO and engine_names() == (AUTO, *ENGINES)
+    with pytest.raises(ValueError, match="one of auto, sglang-chat, sglang-generate, vllm"):
         engine_spec("tgi")
+
+
+def test_auto_is_checked_once_the_workers_chose_the_engine() -> None:
+    refuse_unserved(Flags(engine=AUTO, tool_call_parser="anything", kv_sessions="delta"), default)
 
 
 def test_a_flag_several_engines_take_says_what_it_means_for_each() -> None:

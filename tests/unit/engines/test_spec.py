@@ -32,7 +32,7 @@ async def test_each_spec_builds_its_engine_over_the_pool_it_is_given(name: str) 
     settings = Settings(workers=("http://127.0.0.1:1",), engine=name)
     spec = ENGINES[name]
     pool = WorkerPool(
-        settings.pool_options(), Inline(), tls=httpx.create_ssl_context(trust_env=False)
+        settings.pool_options(spec.dialect), Inline(), tls=httpx.create_ssl_context(trust_env=False)
     )
     assert pool.dialect is spec.dialect  # the pool speaks the engine's dialect
     engine = spec.build(settings, EngineParts(pool, ServedModel(pool)))

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import trio
 
-from rollout_session.engines.pool.health import HealthChecks
+from rollout_session.engines.pool.health import HealthChecks, differences, settings_problem
 from rollout_session.engines.pool.membership import Membership
 from rollout_session.engines.pool.worker import Health
 from rollout_session.errors import NoHealthyWorker
@@ -131,3 +131,39 @@ async def test_server_info_that_is_not_an_object_reads_as_nothing(info: object) 
     workers.server_info = info  # type: ignore[assignment]
     _, health = checks(workers)
     assert await health.server_info("http://127.0.0.1:9001") == {}
+
+
+SUPPLIED = frozenset({"tool_call_parser"})
+
+
+@pytest.mark.parametrize(
+    ("worker", "problem"),
+    [
+        ({"tool_call_parser": "qwen25"}, None),
+        ({}, None),
+        ({"tool_call_parser": None}, None),
+        (
+            {"tool_call_parser": "hermes"},
+            "runs --tool-call-parser hermes, where this server expects --tool-call-parser qwen25",
+        ),
+        (
+            {"tool_call_parser": "qwen25", "skip_tokenizer_init": True},
+            "runs --skip-tokenizer-init, where the pool's workers run no --skip-tokenizer-init",
+        ),
+    ],
+    ids=["agrees", "publishes-nothing", "runs-none-supplied", "disagrees", "differs-from-pool"],
+)
+def test_a_worker_joins_only_with_the_settings_the_server_expects(
+    worker: dict[str, object], problem: str | None
+) -> None:
+    expected = {"tool_call_parser": "qwen25"}
+    served = {"tool_call_parser": "qwen25", "skip_tokenizer_init": False}
+    assert settings_problem(worker, expected, served, SUPPLIED) == problem
+
+
+def test_a_setting_not_supplied_must_be_run_by_the_worker() -> None:
+    """Without the server supplying it, a worker that runs none disagrees."""
+    assert differences({"tool_call_parser": None}, {"tool_call_parser": "qwen25"}) == [
+        ("tool_call_parser", None, "qwen25")
+    ]
+    assert differences({"tool_call_parser": None}, {"tool_call_parser": "qwen25"}, SUPPLIED) == []

@@ -20,7 +20,11 @@ import orjson
 import pytest
 
 from rollout_session.engines.answer import LOGPROB_EPSILON, AnswerCheck
-from rollout_session.engines.sglang_generate.answer import GenerateAnswer, check_generate_answer
+from rollout_session.engines.sglang_generate.answer import (
+    GenerateAnswer,
+    check_generate_answer,
+    check_generate_ids,
+)
 from rollout_session.errors import UpstreamMalformed
 
 VOCAB = 151_936  # Qwen's
@@ -295,3 +299,18 @@ def test_the_checked_answer_pickles() -> None:
     assert back.logprobs.tolist() == got.logprobs.tolist()
     assert (back.text, back.finish, back.token_texts) == (got.text, got.finish, got.token_texts)
     assert back.experts == (values.tobytes(), 3)
+
+
+def test_a_worker_without_a_tokenizer_answers_ids_only() -> None:
+    """`check_generate_ids`: a --skip-tokenizer-init worker's answer has no
+    text, which the engine decodes itself; one with text is not that worker."""
+    body = answer()
+    del body["text"]
+    for entry in body["meta_info"]["output_token_logprobs"]:
+        entry[2] = None
+    ids_only = AnswerCheck(sent_prompt_tokens=PROMPT, vocab_size=VOCAB)
+    got = check_generate_ids(orjson.dumps(body), ids_only)
+    assert got.text == "" and set(got.token_texts) == {None}
+    assert got.ids.tolist() == IDS
+    with pytest.raises(UpstreamMalformed, match="has text although"):
+        check_generate_ids(orjson.dumps(ANSWER), ids_only)

@@ -1,0 +1,244 @@
+"""How ``--engine`` becomes one engine with its settings, at start-up, from
+what the workers say about themselves (docs/engines.md#engine-auto).
+
+Every configured worker is read once, the way its pool will admit it (the
+candidate engine's dialect: SGLang's ``/get_model_info``, ``/v1/models``
+and ``/server_info``; vLLM's ``/v1/models`` and its token route):
+
+- ``--engine auto`` tries each engine the registry marks `auto` (the token
+  route of each family, `sglang-generate` and `vllm`): a worker is of the
+  family whose dialect admits it. Workers of two families, or serving two
+  models, are refused, naming them.
+- The launch settings the engine reads from its workers
+  (`EngineSpec.worker_settings`: the parsers, ``skip_tokenizer_init``)
+  must agree across the workers that publish them, and a flag given here
+  must agree with them: a disagreement is refused, naming both values. An
+  unset flag takes the workers' value. A worker that runs without one the
+  engine can supply (`EngineSpec.supplied`: `sglang-generate`'s parsers,
+  whose parse routes take the name per request) disagrees with nothing.
+- The engine then checks the result (`EngineSpec.check`, `EngineSpec.needs`);
+  under ``auto`` an engine that refuses its workers' settings hands them to
+  its `fallback` (`sglang-generate`: a reasoning parser it does not
+  reproduce is served by `sglang-chat`), and the choice is logged.
+
+A worker that does not answer is left to its pool (it is admitted later if
+it matches). With a named engine and no worker answering, the flags are
+taken as given; ``auto`` needs at least one worker that answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ..errors import UpstreamError
+from .pool.client import WorkerClient
+from .pool.dialect import ModelInfo
+from .pool.health import flag_text
+from .registry import AUTO, ENGINES, engine_spec
+from .spec import EngineSettings, EngineSpec
+
+__all__ = ["Resolved", "resolve_engine"]
+
+logger = logging.getLogger("rollout_session")
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    spec: EngineSpec
+    # The engine flags, filled in from the workers (`dataclasses.replace`d
+    # settings: `engine` is the spec's name).
+    settings: EngineSettings
+    # The launch settings its workers run with (`spec.worker_settings` names):
+    # what the pool requires of every worker, and what the engine is built for.
+    launch: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    url: str
+    spec: EngineSpec
+    info: ModelInfo
+
+
+async def resolve_engine(
+    settings: EngineSettings,
+    workers: Sequence[str],
+    *,
+    tls: ssl.SSLContext,
+    deadline_s: float,
+    connect_timeout_s: float,
+) -> Resolved:
+    """The engine `settings` ask for (see the module), or ValueError with
+    the reason and the fix."""
+    auto = settings.engine == AUTO
+    candidates = [s for s in ENGINES.values() if s.auto] if auto else [engine_spec(settings.engine)]
+    answers, silent = await _read_workers(
+        workers, candidates, tls=tls, deadline_s=deadline_s, connect_timeout_s=connect_timeout_s
+    )
+    if not answers:
+        if auto:
+            reasons = "; ".join(f"{url}: {why}" for url, why in silent) or "no worker is configured"
+            raise ValueError(
+                "--engine auto: no worker answered as a worker of any engine "
+                f"({reasons}); start the workers first, or name the engine with --engine"
+            )
+        spec = candidates[0]
+        return _resolved(settings, spec, _launch(settings, spec, {}))
+    spec = _one_family(answers)
+    _one_model(answers)
+    published = _agreed(answers, spec)
+    try:
+        return _checked(settings, spec, published)
+    except ValueError as refused:
+        if not (auto and spec.fallback):
+            raise
+        fallback = engine_spec(spec.fallback)
+        try:
+            resolved = _checked(settings, fallback, published)
+        except ValueError as also:
+            raise ValueError(f"{refused}; and {fallback.name} cannot serve them: {also}") from None
+        logger.info(
+            "--engine auto: serving the workers with %s: %s does not (%s)",
+            fallback.name,
+            spec.name,
+            refused,
+        )
+        return resolved
+
+
+async def _read_workers(
+    workers: Sequence[str],
+    candidates: Sequence[EngineSpec],
+    *,
+    tls: ssl.SSLContext,
+    deadline_s: float,
+    connect_timeout_s: float,
+) -> tuple[list[_Answer], list[tuple[str, str]]]:
+    """Each worker's answer to the first candidate whose dialect admits it
+    (in `workers`' order), and why each other one answered none."""
+    found: dict[str, _Answer | str] = {}
+
+    async def read(url: str) -> None:
+        client = WorkerClient(
+            url,
+            max_connections=1,
+            timeout_s=deadline_s,
+            connect_timeout_s=connect_timeout_s,
+            tls=tls,
+        )
+        reasons = []
+        try:
+            for spec in candidates:
+                try:
+                    info = await spec.dialect.read_model(client, deadline_s)
+                except UpstreamError as exc:
+                    reasons.append(
+                        f"not {spec.dialect.name}: {exc}" if len(candidates) > 1 else str(exc)
+                    )
+                    continue
+                found[url] = _Answer(url, spec, info)
+                return
+            found[url] = "; ".join(reasons)
+        finally:
+            await client.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for url in workers:
+            nursery.start_soon(read, url)
+    answers = [a for url in workers if isinstance(a := found[url], _Answer)]
+    silent = [(url, a) for url in workers if isinstance(a := found[url], str)]
+    return answers, silent
+
+
+def _one_family(answers: list[_Answer]) -> EngineSpec:
+    first = answers[0]
+    for other in answers[1:]:
+        if other.spec is not first.spec:
+            raise ValueError(
+                f"the workers are of two kinds: {first.url} answers as a "
+                f"{first.spec.dialect.name} worker, {other.url} as a {other.spec.dialect.name} "
+                "worker; one server serves one kind (run a server per kind)"
+            )
+    return first.spec
+
+
+def _one_model(answers: list[_Answer]) -> None:
+    model = answers[0].info.model
+    for other in answers[1:]:
+        if model not in other.info.models:
+            raise ValueError(
+                f"the workers serve different models: {answers[0].url} serves {model}, "
+                f"{other.url} serves {', '.join(other.info.models)}"
+            )
+
+
+def _agreed(answers: list[_Answer], spec: EngineSpec) -> dict[str, Any]:
+    """The launch settings `spec` reads, as the workers that publish them
+    agree on them (ValueError naming two that do not)."""
+    published: dict[str, Any] = {}
+    first: dict[str, str] = {}
+    for answer in answers:
+        for name, value in answer.info.settings.items():
+            if name not in spec.worker_settings or (value is None and name in spec.supplied):
+                continue
+            if name in published and published[name] != value:
+                raise ValueError(
+                    f"the workers disagree: {first[name]} runs "
+                    f"{flag_text(name, published[name])}, {answer.url} runs "
+                    f"{flag_text(name, value)}; every worker of a server runs the same"
+                )
+            published.setdefault(name, value)
+            first.setdefault(name, answer.url)
+    return published
+
+
+def _launch(
+    settings: EngineSettings, spec: EngineSpec, published: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Each launch setting `spec` reads: the flag of its name where one was
+    given (it must agree with the workers), else the workers', else the
+    engine's default."""
+    launch: dict[str, Any] = {}
+    for name, default in spec.worker_settings.items():
+        given = getattr(settings, name, None)
+        if given is not None and name in spec.supplied and name not in published:
+            logger.info(
+                "%s: the workers publish no %s; %s is this server's",
+                spec.name,
+                name,
+                flag_text(name, given),
+            )
+        elif given is not None and name in published and published[name] != given:
+            raise ValueError(
+                f"the workers run {flag_text(name, published[name])}, but "
+                f"{flag_text(name, given)} was given here: start the server without "
+                "it (the workers' own is taken), or the workers with it"
+            )
+        launch[name] = given if given is not None else published.get(name, default)
+    return launch
+
+
+def _checked(settings: EngineSettings, spec: EngineSpec, published: Mapping[str, Any]) -> Resolved:
+    """`spec` over workers that publish these settings, checked (ValueError)."""
+    launch = _launch(settings, spec, published)
+    for name, value in spec.needs.items():
+        if launch.get(name) != value:
+            raise ValueError(
+                f"--engine {spec.name} needs workers with {flag_text(name, value)}; "
+                f"they run with {flag_text(name, launch.get(name))}"
+            )
+    # Building the settings checks them (the engine's `check`, its flags).
+    return _resolved(settings, spec, launch)
+
+
+def _resolved(settings: EngineSettings, spec: EngineSpec, launch: Mapping[str, Any]) -> Resolved:
+    flags = {name: value for name, value in launch.items() if spec.takes(name)}
+    chosen: Any = dataclasses.replace(settings, engine=spec.name, **flags)  # type: ignore[type-var]
+    return Resolved(spec, chosen, launch)
