@@ -143,6 +143,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --tool-call-parser (each requires the other): derender extracts tool calls",
     )
     vllm.add_argument(
+        "--generation-config",
+        default=d["generation_config"],
+        metavar="{auto,vllm,FOLDER}",
+        help="where the chat defaults come from: the model's generation_config.json (auto), "
+        "none (vllm) or FOLDER's (default: %(default)s)",
+    )
+    vllm.add_argument(
+        "--override-generation-config",
+        type=_json_object,
+        metavar="JSON",
+        help="a JSON object over the generation config, e.g. '{\"temperature\": 0.6}'",
+    )
+    vllm.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="usage.prompt_tokens_details.cached_tokens in every answer",
@@ -213,6 +226,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         enable_session_radix_cache=args.enable_session_radix_cache,
         skip_tokenizer_init=args.skip_tokenizer_init,
         preferred_sampling_params=args.preferred_sampling_params,
+        generation_config=args.generation_config,
+        override_generation_config=args.override_generation_config,
         record_limit=args.record_limit,
     )
 

@@ -14,6 +14,7 @@ from typing import Any
 from rollout_session.emulator.faults import FAULTS
 from rollout_session.emulator.sglang.launch import check_sglang_launch
 from rollout_session.emulator.tokenizer import bundled_tokenizer_path
+from rollout_session.emulator.vllm.generation_config import check_override
 from rollout_session.emulator.vllm.names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
 
 __all__ = ["ENGINES", "EmulatorConfig"]
@@ -86,6 +87,11 @@ class EmulatorConfig:
     # merged under every request's sampling parameters, published by
     # /model_info and /server_info.
     preferred_sampling_params: dict[str, Any] | None = None
+    # vLLM's --generation-config: "auto" (the model directory's
+    # generation_config.json), "vllm" (none) or a folder holding one.
+    generation_config: str = "auto"
+    # vLLM's --override-generation-config (a JSON object; None: {}).
+    override_generation_config: dict[str, Any] | None = None
     # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.
     enable_prompt_tokens_details: bool = False
     # vLLM started with VLLM_SERVER_DEV_MODE=1 (off by default, as in vLLM):
@@ -140,11 +146,14 @@ class EmulatorConfig:
             "enable_scale_out",
             "enable_prompt_tokens_details",
             "dev_mode",
+            "override_generation_config",
         )
         for name in sglang_only if vllm else vllm_only:
             if getattr(self, name) not in (None, False):
                 other = "sglang" if vllm else "vllm"
                 raise ValueError(f"{name} is a flag of engine {other!r}, not {self.engine!r}")
+        if not vllm and self.generation_config != "auto":
+            raise ValueError(f"generation_config is a flag of engine 'vllm', not {self.engine!r}")
         if not vllm:
             check_sglang_launch(
                 self.tool_call_parser,
@@ -155,6 +164,10 @@ class EmulatorConfig:
             return
         if self.routed_experts_num_experts > 1 << 16:
             raise ValueError("routed_experts_num_experts must fit in uint16 (vLLM's dtype)")
+        if not self.generation_config:
+            raise ValueError("generation_config must be auto, vllm or a folder")
+        if self.override_generation_config is not None:
+            check_override(self.override_generation_config)
         if self.tool_call_parser is not None and self.tool_call_parser not in VLLM_TOOL_PARSERS:
             raise ValueError(
                 f"invalid tool call parser: {self.tool_call_parser} "
