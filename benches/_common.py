@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import os
@@ -247,7 +248,18 @@ async def stop(process: trio.Process, grace_s: float = 10) -> None:
 
 
 def emulator_command(*flags: str) -> list[str]:
-    return [*ROLLOUT, "emulator", "--port", "0", *flags]
+    """An emulator process; an SGLang one launched, as a trainer launches it,
+    with the SGLang parsers of the bundled templates (both write Qwen's
+    ``<tool_call>`` JSON; qwen3's reasoning is ``<think>``), unless the flags
+    name a parser: SGLang's chat route parses only with them."""
+    extra: list[str] = []
+    sglang = "vllm" not in flags
+    if sglang and "--tool-call-parser" not in flags:
+        extra += ["--tool-call-parser", "qwen25"]
+    qwen3 = ("--chat-template", "qwen3") in itertools.pairwise(flags)
+    if sglang and qwen3 and "--reasoning" in flags and "--reasoning-parser" not in flags:
+        extra += ["--reasoning-parser", "qwen3"]
+    return [*ROLLOUT, "emulator", "--port", "0", *flags, *extra]
 
 
 def server_command(workers: Sequence[str], *flags: str) -> list[str]:

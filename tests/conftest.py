@@ -121,9 +121,43 @@ class Worker:
         self.scope.cancel()
 
 
+# The SGLang parsers a worker serving each bundled template is launched with
+# (SGLang's names; its chat route parses tool calls and reasoning only with
+# them): Qwen's <tool_call> JSON for both, Qwen3's <think> blocks.
+SGLANG_PARSERS: dict[str, dict[str, Any]] = {
+    "chatml": {"tool_call_parser": "qwen25"},
+    "qwen3": {"tool_call_parser": "qwen25", "reasoning_parser": "qwen3"},
+}
+
+
+def with_template_parsers(config: EmulatorConfig) -> EmulatorConfig:
+    """``config`` as a trainer launches an SGLang worker for its template: a
+    bundled template's SGLang parsers (`SGLANG_PARSERS`; no template is the
+    bundled tokenizer's ChatML) unless the config names a parser. Other
+    templates and vLLM workers are left as they are (family tests name their
+    family's parsers: `tests.families.sglang_parsers`)."""
+    if config.engine != "sglang" or config.tool_call_parser or config.reasoning_parser:
+        return config
+    template = config.chat_template
+    if template is None and config.tokenizer_path == bundled_tokenizer_path():
+        template = builtin_template("chatml")
+    name = next((n for n in SGLANG_PARSERS if builtin_template(n) == template), None)
+    return config if name is None else replace(config, **SGLANG_PARSERS[name])
+
+
 async def spawn_worker(
-    nursery: trio.Nursery, model: TextModel, config: EmulatorConfig, port: int = 0
+    nursery: trio.Nursery,
+    model: TextModel,
+    config: EmulatorConfig,
+    port: int = 0,
+    *,
+    parsers: bool = True,
 ) -> Worker:
+    """An emulator worker; an SGLang one with its template's parsers
+    (`with_template_parsers`) unless ``parsers`` is false."""
+    if parsers:
+        config = with_template_parsers(config)
+
     async def host(task_status: trio.TaskStatus[Worker]) -> None:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as inner:

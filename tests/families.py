@@ -36,6 +36,18 @@ def family_facts(family: str) -> dict[str, Any]:
     return facts
 
 
+def sglang_parsers(family: str) -> dict[str, Any]:
+    """The SGLang parsers a worker serving `family` is launched with
+    (families.json ``sglang_tool_call_parser``/``sglang_reasoning_parser``),
+    as `EmulatorConfig` fields: SGLang's chat route parses only with them."""
+    facts = _FACTS[family]
+    names = {
+        "tool_call_parser": facts.get("sglang_tool_call_parser"),
+        "reasoning_parser": facts.get("sglang_reasoning_parser"),
+    }
+    return {field: name for field, name in names.items() if name}
+
+
 def template_text(family: str) -> str:
     return (TEMPLATES / f"{family}.jinja").read_text("utf-8")
 

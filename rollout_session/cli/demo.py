@@ -10,7 +10,10 @@ An SGLang emulator serves every SGLang route at once (its chat route,
 ``--engine``; ``--engine vllm`` gets vLLM emulators (``--enable-scale-out``).
 With ``sglang-generate`` or ``vllm`` and no parser named, the demo names the
 parsers a worker serving its chat template would be launched with
-(`demo_parsers`), and launches its vLLM workers with them.
+(`demo_parsers`). Its workers are launched with the parsers of their
+template, as a trainer launches them (SGLang's chat route parses tool calls
+and reasoning only with them): the server's when it names them, else the
+template's (`worker_parsers`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import trio
 from ..config import Settings
 from ..prompt.builtin import BUILTIN_TEMPLATES, builtin_template
 
-__all__ = ["demo_parsers", "start_demo_workers"]
+__all__ = ["demo_parsers", "start_demo_workers", "worker_parsers"]
 
 _log = logging.getLogger("rollout_session")
 
@@ -33,14 +36,41 @@ _log = logging.getLogger("rollout_session")
 # template → (--tool-call-parser, --reasoning-parser when the demo answers
 # with reasoning). Both write Qwen's `<tool_call>` JSON; only qwen3 renders
 # reasoning (a `<think>` block), so ChatML's demo answers never carry one.
+_SGLANG: Final = {"chatml": ("qwen25", None), "qwen3": ("qwen25", "qwen3")}
 _TEMPLATE_PARSERS: Final = {
-    "sglang-generate": {"chatml": ("qwen25", None), "qwen3": ("qwen25", "qwen3")},
+    "sglang-chat": _SGLANG,
+    "sglang-generate": _SGLANG,
     "vllm": {"chatml": ("hermes", None), "qwen3": ("hermes", "qwen3")},
 }
+# The engines whose server settings name the workers' parsers (--tool-call-parser,
+# --reasoning-parser); sglang-chat's workers parse on their own.
+_NAMED_BY_SERVER: Final = frozenset({"sglang-generate", "vllm"})
 
 
 def _builtin_name(template: str) -> str | None:
     return next((n for n in BUILTIN_TEMPLATES if builtin_template(n) == template), None)
+
+
+def _template_parsers(settings: Settings, template: str | None) -> tuple[str, str | None] | None:
+    """The engine's names of the parsers a worker serving `template` (its
+    text) is launched with (the reasoning parser only with
+    ``--demo-reasoning``), or None for a template the demo does not know."""
+    known = _TEMPLATE_PARSERS.get(settings.engine)
+    name = None if template is None or known is None else _builtin_name(template)
+    if known is None or name is None:
+        return None
+    tool_call, reasoning = known[name]
+    return tool_call, reasoning if settings.demo_reasoning else None
+
+
+def worker_parsers(settings: Settings, template: str | None) -> tuple[str | None, str | None]:
+    """The (--tool-call-parser, --reasoning-parser) the demo's workers are
+    launched with: the server's when its engine names them, else (SGLang's
+    chat route) those of the workers' template (`template`: its text), or
+    none for a template the demo does not know."""
+    if settings.engine in _NAMED_BY_SERVER:
+        return settings.tool_call_parser, settings.reasoning_parser
+    return _template_parsers(settings, template) or (None, None)
 
 
 def demo_parsers(settings: Settings, template: str | None) -> Settings:
@@ -49,11 +79,12 @@ def demo_parsers(settings: Settings, template: str | None) -> Settings:
     (``sglang-generate``, ``vllm``) and none was named; logged. A template
     the demo does not know gets none, and a warning: its answers then come
     back unparsed (and vLLM refuses tools)."""
-    known = _TEMPLATE_PARSERS.get(settings.engine)
-    if known is None or settings.tool_call_parser or settings.reasoning_parser:
+    if settings.engine not in _NAMED_BY_SERVER:
         return settings
-    name = None if template is None else _builtin_name(template)
-    if name is None:
+    if settings.tool_call_parser or settings.reasoning_parser:
+        return settings
+    parsers = _template_parsers(settings, template)
+    if parsers is None:
         _log.warning(
             "serve --demo --engine %s: no parsers known for this chat template; tool calls "
             "and reasoning come back as text unless --tool-call-parser and "
@@ -61,16 +92,14 @@ def demo_parsers(settings: Settings, template: str | None) -> Settings:
             settings.engine,
         )
         return settings
-    tool_call, reasoning = known[name]
-    if not settings.demo_reasoning:
-        reasoning = None
+    tool_call, reasoning = parsers
     _log.info(
         "demo: --engine %s with --tool-call-parser %s and --reasoning-parser %s "
         "(the engine's names for the %s chat template%s)",
         settings.engine,
         tool_call,
         reasoning or "none",
-        name,
+        _builtin_name(template or ""),
         ", with --demo-reasoning" if reasoning else "",
     )
     return replace(settings, tool_call_parser=tool_call, reasoning_parser=reasoning)
@@ -109,7 +138,9 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
             f"serve --demo takes --chat-template as a file or a built-in (chatml, qwen3), "
             f"not a named template of the tokenizer: {exc}"
         ) from None
-    settings = demo_parsers(settings, template or _tokenizer_template(tokenizer))
+    served = template or _tokenizer_template(tokenizer)
+    settings = demo_parsers(settings, served)
+    tool_call_parser, reasoning_parser = worker_parsers(settings, served)
     urls = list(settings.workers)
     teachers = list(settings.teacher_workers)
     vllm = settings.engine == "vllm"
@@ -123,12 +154,12 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
             tokenizer_path=Path(tokenizer),
             chat_template=template,
             reasoning=settings.demo_reasoning,
-            # vLLM's workers: the token-in/token-out route on, the parsers the
-            # server was told they run, no routed experts (vLLM's default).
+            # vLLM's workers: the token-in/token-out route on, no routed
+            # experts (vLLM's default). Both engines' with their parsers.
             engine="vllm" if vllm else "sglang",
             enable_scale_out=vllm,
-            tool_call_parser=settings.tool_call_parser if vllm else None,
-            reasoning_parser=settings.reasoning_parser if vllm else None,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=reasoning_parser,
             return_routed_experts=not vllm or settings.routed_experts,
         )
         running, _ = await start_emulator(nursery, config, host="127.0.0.1")

@@ -1,14 +1,18 @@
 """Command line of the emulator (wired as ``rollout-session emulator``): SGLang or vLLM.
 
-Owns the flags (one per `EmulatorConfig` field, defaults taken from it), their
-translation into a config, and running one emulator on hypercorn until
-SIGINT/SIGTERM.
+Owns the flags (one per `EmulatorConfig` field, defaults taken from it, each
+engine's server flags spelt as that engine spells them), their translation
+into a config, and running one emulator on hypercorn until SIGINT/SIGTERM.
+``--tool-call-parser`` and ``--reasoning-parser`` are both engines' flags,
+taking the engine's own names (checked by `EmulatorConfig` once the engine
+is known).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import signal
 import sys
 from pathlib import Path
@@ -19,7 +23,6 @@ import trio
 from rollout_session.emulator.config import ENGINES, EmulatorConfig
 from rollout_session.emulator.faults import FAULTS
 from rollout_session.emulator.tokenizer import BUILTIN_TEMPLATES
-from rollout_session.emulator.vllm.names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
 
 __all__ = ["ENGINES", "add_arguments", "config_from_args", "run"]
 
@@ -32,6 +35,15 @@ def _engine(value: str) -> str:
     if value not in ENGINES:
         raise argparse.ArgumentTypeError(f"engine must be one of: {', '.join(ENGINES)}")
     return value
+
+
+def _json_object(value: str) -> Any:
+    """A JSON flag's value (SGLang: ``type_parser=json.loads``; vLLM:
+    ``engine/arg_utils.py`` ``parse_type(json.loads)``)."""
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"Value {value} cannot be parsed as JSON: {exc}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,19 +95,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--fault-rate", type=float, default=d["fault_rate"],
         help="fraction of completions that get --fault (default: %(default)s)")  # fmt: skip
     add("--weight-version", default=d["weight_version"], help="reported weight_version")
-    add(
-        "--enable-streaming-session",
-        action="store_true",
-        help="accept /open_session with streaming: true (SGLang's flag of the same name)",
-    )
-    add(
-        "--enable-session-radix-cache",
-        action="store_true",
-        help="session ids reference their KV; eviction takes unreferenced KV first "
-        "(SGLang's flag of the same name)",
-    )
     add("--record-limit", type=int, default=d["record_limit"],
         help="chat requests kept for inspection (default: %(default)s)")  # fmt: skip
+    add(
+        "--tool-call-parser",
+        metavar="NAME",
+        help="the engine's tool-call parser, in the engine's names (SGLang: qwen25, hermes, "
+        "llama3, ...; vLLM: hermes, ..., with --enable-auto-tool-choice); default: none",
+    )
+    add(
+        "--reasoning-parser",
+        metavar="NAME",
+        help="the engine's reasoning parser, in the engine's names (qwen3, deepseek-r1, ...); "
+        "default: none",
+    )
+    sglang = parser.add_argument_group("SGLang server flags (--engine sglang; SGLang's own names)")
+    sglang.add_argument(
+        "--enable-streaming-session",
+        action="store_true",
+        help="accept /open_session with streaming: true",
+    )
+    sglang.add_argument(
+        "--enable-session-radix-cache",
+        action="store_true",
+        help="session ids reference their KV; eviction takes unreferenced KV first",
+    )
+    sglang.add_argument(
+        "--skip-tokenizer-init",
+        action="store_true",
+        help="no tokenizer: /generate takes input_ids only and answers ids without text",
+    )
+    sglang.add_argument(
+        "--preferred-sampling-params",
+        type=_json_object,
+        metavar="JSON",
+        help="a JSON object of sampling parameters under every request's (and in /model_info)",
+    )
     vllm = parser.add_argument_group("vLLM server flags (--engine vllm; vLLM's own names)")
     vllm.add_argument(
         "--enable-scale-out",
@@ -108,16 +143,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --tool-call-parser (each requires the other): derender extracts tool calls",
     )
     vllm.add_argument(
-        "--tool-call-parser",
-        choices=sorted(VLLM_TOOL_PARSERS),
-        metavar="NAME",
-        help="vLLM's tool-call parser name (with --enable-auto-tool-choice)",
+        "--generation-config",
+        default=d["generation_config"],
+        metavar="{auto,vllm,FOLDER}",
+        help="where the chat defaults come from: the model's generation_config.json (auto), "
+        "none (vllm) or FOLDER's (default: %(default)s)",
     )
     vllm.add_argument(
-        "--reasoning-parser",
-        choices=sorted(VLLM_REASONING_PARSERS),
-        metavar="NAME",
-        help="vLLM's reasoning parser name: derender splits off the reasoning",
+        "--override-generation-config",
+        type=_json_object,
+        metavar="JSON",
+        help="a JSON object over the generation config, e.g. '{\"temperature\": 0.6}'",
     )
     vllm.add_argument(
         "--enable-prompt-tokens-details",
@@ -144,17 +180,20 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
     template = read_chat_template(args.chat_template) if args.chat_template else None
     extra = {} if args.tokenizer is None else {"tokenizer_path": args.tokenizer}
-    # vLLM (entrypoints/common/cli_args.py validate_parsed_serve_args):
-    # --enable-auto-tool-choice requires --tool-call-parser. The emulator
-    # also requires the converse: a tool parser is only ever active with
-    # auto tool choice (parser/parser_manager.py get_tool_parser).
-    if args.enable_auto_tool_choice and not args.tool_call_parser:
-        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
-    if args.tool_call_parser and not args.enable_auto_tool_choice:
-        raise ValueError(
-            "--tool-call-parser requires --enable-auto-tool-choice (without it vLLM runs "
-            "no tool parser)"
-        )
+    if args.engine == "vllm":
+        # vLLM (entrypoints/common/cli_args.py validate_parsed_serve_args):
+        # --enable-auto-tool-choice requires --tool-call-parser. The emulator
+        # also requires the converse: a tool parser is only ever active with
+        # auto tool choice (parser/parser_manager.py get_tool_parser).
+        if args.enable_auto_tool_choice and not args.tool_call_parser:
+            raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+        if args.tool_call_parser and not args.enable_auto_tool_choice:
+            raise ValueError(
+                "--tool-call-parser requires --enable-auto-tool-choice (without it vLLM runs "
+                "no tool parser)"
+            )
+    elif args.enable_auto_tool_choice:  # SGLang has no such flag
+        raise ValueError(f"enable_auto_tool_choice is a flag of engine 'vllm', not {args.engine!r}")
     return EmulatorConfig(
         **extra,
         engine=args.engine,
@@ -185,6 +224,10 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         weight_version=args.weight_version,
         enable_streaming_session=args.enable_streaming_session,
         enable_session_radix_cache=args.enable_session_radix_cache,
+        skip_tokenizer_init=args.skip_tokenizer_init,
+        preferred_sampling_params=args.preferred_sampling_params,
+        generation_config=args.generation_config,
+        override_generation_config=args.override_generation_config,
         record_limit=args.record_limit,
     )
 

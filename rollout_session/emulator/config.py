@@ -9,9 +9,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rollout_session.emulator.faults import FAULTS
+from rollout_session.emulator.sglang.launch import check_sglang_launch
 from rollout_session.emulator.tokenizer import bundled_tokenizer_path
+from rollout_session.emulator.vllm.generation_config import check_override
 from rollout_session.emulator.vllm.names import VLLM_REASONING_PARSERS, VLLM_TOOL_PARSERS
 
 __all__ = ["ENGINES", "EmulatorConfig"]
@@ -67,11 +70,28 @@ class EmulatorConfig:
     # vLLM's --enable-scale-out (off by default, as in vLLM): without it
     # /inference/v1/generate (and every scale-out path) answers 403.
     enable_scale_out: bool = False
-    # vLLM's --enable-auto-tool-choice --tool-call-parser NAME (a parser
-    # name vLLM registers); None: no tool parser.
+    # The engine's --tool-call-parser NAME, in the engine's own names; None:
+    # no tool parser (both engines' default). SGLang: a name of
+    # FunctionCallParser.ToolCallParserEnum (sglang.names; a deprecated one,
+    # qwen25 or glm45, runs and is reported as its successor). vLLM: a name
+    # vLLM registers, with --enable-auto-tool-choice (implied).
     tool_call_parser: str | None = None
-    # vLLM's --reasoning-parser NAME; None: no reasoning parser.
+    # The engine's --reasoning-parser NAME (SGLang's ReasoningParser.DetectorMap
+    # names, or vLLM's); None: no reasoning parser.
     reasoning_parser: str | None = None
+    # SGLang's --skip-tokenizer-init (off by default, as in SGLang): no
+    # tokenizer, so /generate answers ids without text, text prompts and
+    # stop strings are refused and the chat route cannot answer.
+    skip_tokenizer_init: bool = False
+    # SGLang's --preferred-sampling-params (a JSON object; None: unset):
+    # merged under every request's sampling parameters, published by
+    # /model_info and /server_info.
+    preferred_sampling_params: dict[str, Any] | None = None
+    # vLLM's --generation-config: "auto" (the model directory's
+    # generation_config.json), "vllm" (none) or a folder holding one.
+    generation_config: str = "auto"
+    # vLLM's --override-generation-config (a JSON object; None: {}).
+    override_generation_config: dict[str, Any] | None = None
     # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.
     enable_prompt_tokens_details: bool = False
     # vLLM started with VLLM_SERVER_DEV_MODE=1 (off by default, as in vLLM):
@@ -112,23 +132,42 @@ class EmulatorConfig:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate!r}")
 
     def _check_engine_flags(self, vllm: bool) -> None:
-        """Each engine's server flags only with that engine; vLLM's parser
-        names as vLLM registers them (``tool_parsers/__init__.py``,
+        """Each engine's server flags only with that engine, checked as that
+        engine checks them at launch; the parser names in the engine's own
+        registry (SGLang: `sglang.launch`; vLLM: ``tool_parsers/__init__.py``,
         ``reasoning/__init__.py``)."""
-        sglang_only = ("enable_streaming_session", "enable_session_radix_cache")
+        sglang_only = (
+            "enable_streaming_session",
+            "enable_session_radix_cache",
+            "skip_tokenizer_init",
+            "preferred_sampling_params",
+        )
         vllm_only = (
             "enable_scale_out",
-            "tool_call_parser",
-            "reasoning_parser",
             "enable_prompt_tokens_details",
             "dev_mode",
+            "override_generation_config",
         )
         for name in sglang_only if vllm else vllm_only:
             if getattr(self, name) not in (None, False):
                 other = "sglang" if vllm else "vllm"
                 raise ValueError(f"{name} is a flag of engine {other!r}, not {self.engine!r}")
-        if vllm and self.routed_experts_num_experts > 1 << 16:
+        if not vllm and self.generation_config != "auto":
+            raise ValueError(f"generation_config is a flag of engine 'vllm', not {self.engine!r}")
+        if not vllm:
+            check_sglang_launch(
+                self.tool_call_parser,
+                self.reasoning_parser,
+                self.preferred_sampling_params,
+                self.skip_tokenizer_init,
+            )
+            return
+        if self.routed_experts_num_experts > 1 << 16:
             raise ValueError("routed_experts_num_experts must fit in uint16 (vLLM's dtype)")
+        if not self.generation_config:
+            raise ValueError("generation_config must be auto, vllm or a folder")
+        if self.override_generation_config is not None:
+            check_override(self.override_generation_config)
         if self.tool_call_parser is not None and self.tool_call_parser not in VLLM_TOOL_PARSERS:
             raise ValueError(
                 f"invalid tool call parser: {self.tool_call_parser} "

@@ -60,6 +60,9 @@ TOOLS = [
     },
 ]
 NOPE = {"type": "function", "function": {"name": "nope"}}
+# The SGLang parsers of the bundled (ChatML/Qwen) template: SGLang's chat route
+# parses tool calls and reasoning only on a worker launched with them.
+TOOL_PARSER = {"tool_call_parser": "qwen25"}
 FLAT_ERROR_KEYS = {"object", "message", "type", "param", "code"}
 
 
@@ -228,7 +231,7 @@ async def test_max_tokens_cuts_without_end_token(serve: Serve, tokenizer: Any, f
 async def test_tool_call_then_text_after_tool_result(
     serve: Serve, tokenizer: Any, tool_choice: Any, called: str
 ) -> None:
-    client, _ = await serve()
+    client, _ = await serve(**TOOL_PARSER)
     body: dict[str, Any] = {"messages": MESSAGES, "tools": TOOLS, "seed": 5}
     if tool_choice is not None:
         body["tool_choice"] = tool_choice
@@ -282,7 +285,7 @@ async def test_tool_choice_none_answers_with_text(serve: Serve) -> None:
 
 async def test_reasoning_is_split_and_rerenders_with_qwen3(serve: Serve, tokenizer: Any) -> None:
     template = builtin_template("qwen3")
-    client, _ = await serve(reasoning=True, chat_template=template)
+    client, _ = await serve(reasoning=True, chat_template=template, reasoning_parser="qwen3")
     answer = await chat(client, {"messages": MESSAGES, "seed": 2, "_template": template})
     message = answer["choices"][0]["message"]
     assert message["reasoning_content"]
@@ -688,7 +691,7 @@ async def test_like_sglang_it_needs_input_ids_and_gives_meta_info_only_when_aske
 
 async def test_parallel_tool_calls_when_the_user_asks_for_them(serve: Serve) -> None:
     # The model reads its prompt: the request's parallel_tool_calls is not in it.
-    client, _ = await serve()
+    client, _ = await serve(**TOOL_PARSER)
     asks = [MESSAGES[0], {"role": "user", "content": f"List the files; {ALL_TOOLS}."}]
     single = await chat(client, {"messages": MESSAGES, "tools": TOOLS, "parallel_tool_calls": True})
     assert len(single["choices"][0]["message"]["tool_calls"]) == 1

@@ -119,18 +119,25 @@ class Case:
     called: tuple[str, ...] = ()
 
 
-THINKING = {"chat_template": QWEN3, "reasoning": True}
+# The workers run the templates' SGLang parsers (the chat route parses only with them).
+CHATML: dict[str, Any] = {"tool_call_parser": "qwen25"}
+THINKING: dict[str, Any] = {
+    **CHATML,
+    "chat_template": QWEN3,
+    "reasoning": True,
+    "reasoning_parser": "qwen3",
+}
 NAMED = {"type": "function", "function": {"name": "list_dir"}}
 PARITY: dict[str, Case] = {
     "qwen3-reasoning": Case(THINKING, MESSAGES),
     "qwen3-reasoning-cut": Case(THINKING, MESSAGES, None, {"max_tokens": 6}, {"max_new_tokens": 6}),
     "qwen3-tool-call": Case(THINKING, MESSAGES, TOOLS, called=("read_file",)),
-    "chatml-text": Case({}, MESSAGES, None, {"max_tokens": 40}, {"max_new_tokens": 40}),
-    "chatml-tool-call": Case({}, MESSAGES, TOOLS, called=("read_file",)),
-    "chatml-parallel": Case({}, ASK_ALL, TOOLS, called=("read_file", "list_dir")),
-    "chatml-after-tool-result": Case({}, AFTER_TOOL, TOOLS),
+    "chatml-text": Case(CHATML, MESSAGES, None, {"max_tokens": 40}, {"max_new_tokens": 40}),
+    "chatml-tool-call": Case(CHATML, MESSAGES, TOOLS, called=("read_file",)),
+    "chatml-parallel": Case(CHATML, ASK_ALL, TOOLS, called=("read_file", "list_dir")),
+    "chatml-after-tool-result": Case(CHATML, AFTER_TOOL, TOOLS),
     "chatml-required-after-tool-result": Case(
-        {},
+        CHATML,
         AFTER_TOOL,
         TOOLS,
         {"tool_choice": "required"},
@@ -138,7 +145,7 @@ PARITY: dict[str, Case] = {
         ("read_file",),
     ),
     "chatml-required-one-call": Case(
-        {},
+        CHATML,
         ASK_ALL,
         TOOLS,
         {"tool_choice": "required", "parallel_tool_calls": False},
@@ -146,7 +153,7 @@ PARITY: dict[str, Case] = {
         ("read_file",),
     ),
     "chatml-named": Case(
-        {},
+        CHATML,
         MESSAGES,
         TOOLS,
         {"tool_choice": NAMED},
@@ -641,7 +648,7 @@ def _calls(message: dict[str, Any]) -> list[dict[str, Any]]:
 async def test_parse_function_call_round_trip(
     serve: Serve, tokenizer: Any, messages: list[Any], skip: bool
 ) -> None:
-    client, emulator = await serve()
+    client, emulator = await serve(**CHATML)
     prompt = render(tokenizer, messages, tools=TOOLS, add_generation_prompt=True)
     by_chat = await chat(client, {"messages": messages, "tools": TOOLS, "input_ids": prompt})
     answer = await generate(
@@ -671,7 +678,7 @@ async def test_parse_function_call_round_trip(
 
 async def test_reasoning_then_tools_round_trip_on_qwen3(serve: Serve, tokenizer: Any) -> None:
     """The chat route's order: reasoning split first, tool calls parsed from the rest."""
-    client, _ = await serve(chat_template=QWEN3, reasoning=True)
+    client, _ = await serve(**THINKING)
     prompt = render(
         tokenizer, MESSAGES, tools=TOOLS, chat_template=QWEN3, add_generation_prompt=True
     )
@@ -693,7 +700,7 @@ async def test_reasoning_then_tools_round_trip_on_qwen3(serve: Serve, tokenizer:
 
 
 async def test_separate_reasoning_round_trip(serve: Serve, tokenizer: Any) -> None:
-    client, _ = await serve(chat_template=QWEN3, reasoning=True)
+    client, _ = await serve(**THINKING)
     prompt = render(tokenizer, MESSAGES, chat_template=QWEN3, add_generation_prompt=True)
     by_chat = await chat(client, {"messages": MESSAGES, "input_ids": prompt, "_template": QWEN3})
     message = by_chat["choices"][0]["message"]

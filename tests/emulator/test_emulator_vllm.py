@@ -1082,14 +1082,14 @@ async def test_configured_fault_applies_to_generate(serve: Serve) -> None:
     [
         {"engine": "trt"},
         {"engine": "sglang", "enable_scale_out": True},
-        {"engine": "sglang", "tool_call_parser": "hermes"},
+        {"engine": "sglang", "tool_call_parser": "qwen3_json"},  # vLLM's name, not SGLang's
         {"engine": "vllm", "enable_streaming_session": True},
         {"engine": "vllm", "tool_call_parser": "qwen25"},  # SGLang's name, not vLLM's
         {"engine": "vllm", "reasoning_parser": "deepseek-r1"},
         {"engine": "vllm", "routed_experts_num_experts": 70_000},
     ],
     ids=[
-        "unknown-engine", "sglang-scale-out", "sglang-tool-parser", "vllm-streaming-session",
+        "unknown-engine", "sglang-scale-out", "vllm-parser-name", "vllm-streaming-session",
         "sglang-parser-name", "sglang-reasoning-name", "uint16-overflow",
     ],
 )  # fmt: skip

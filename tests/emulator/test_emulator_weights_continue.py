@@ -38,7 +38,15 @@ class Answer:
 
 
 async def chat_answer(client: httpx.AsyncClient, prompt: list[int], budget: int) -> Answer:
-    body = {"input_ids": prompt, "max_tokens": budget, "seed": SEED, "return_meta_info": True}
+    # The tools go beside the ids, as a session server sends them: SGLang's
+    # chat route parses tool calls only for a request that offers tools.
+    body = {
+        "input_ids": prompt,
+        "tools": TOOLS,
+        "max_tokens": budget,
+        "seed": SEED,
+        "return_meta_info": True,
+    }
     response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     answer = response.json()
@@ -95,9 +103,12 @@ VLLM = {"engine": "vllm", "enable_scale_out": True}
 
 
 def config_for(route: str, case: str) -> dict[str, Any]:
-    config: dict[str, Any] = dict(VLLM) if route == "vllm" else {}
+    # SGLang workers run the templates' SGLang parsers (its chat route parses only with them).
+    config: dict[str, Any] = dict(VLLM) if route == "vllm" else {"tool_call_parser": "qwen25"}
     if case == "reasoning":
         config.update(chat_template=QWEN3, reasoning=True)
+        if route != "vllm":
+            config["reasoning_parser"] = "qwen3"
     return config
 
 

@@ -36,6 +36,8 @@ def routed_experts_blob(
 def chat_response(
     sample: Sample,
     *,
+    message: dict[str, Any],
+    reasoning_tokens: int,
     rid: str,
     model: str,
     prompt_tokens: int,
@@ -50,6 +52,10 @@ def chat_response(
 ) -> dict[str, Any]:
     """SGLang's ``/v1/chat/completions`` answer (``meta_info`` if asked for).
 
+    ``message``: what the worker's parsers make of the sample
+    (`chat_message`); ``reasoning_tokens`` the scheduler's count
+    (`worker.SglangWorker.reasoning_tokens`).
+
     ``weight_versions``: the answer's version spans
     (``utils/weight_versions.py`` ``add_weight_versions_to_meta_info``), in
     ``meta_info`` and, with ``weight_version``, in the top-level
@@ -61,7 +67,6 @@ def chat_response(
     (``UsageProcessor.calculate_response_usage`` defaults).
     """
     finish = dict(sample.finish)
-    message = sample.message
     if message.get("tool_calls") and finish.get("type") == "stop":
         # serving_chat._process_tool_calls: a parsed call turns "stop" into
         # "tool_calls"; "length" and "abort" stay.
@@ -75,7 +80,8 @@ def chat_response(
     n = len(sample.ids)
     if waiting_abort:
         prompt_tokens = cached_tokens = 0
-    reasoning_tokens = 0 if waiting_abort else sample.reasoning_tokens
+    if waiting_abort:
+        reasoning_tokens = 0
     if meta_info:
         logprobs = [[lp, tok, None] for lp, tok in zip(sample.logprobs, sample.ids, strict=True)]
         meta: dict[str, Any]

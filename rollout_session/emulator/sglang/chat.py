@@ -5,8 +5,15 @@ Models ``srt/entrypoints/openai/serving_chat.py`` ``OpenAIServingChat``:
 ``tools``), then the prompt; the emulator's prompt is ``input_ids`` only
 (it never renders ``messages``, which it only validates), and the tool
 call ``tool_choice`` forces is the grammar ``get_json_schema_constraint``
-(``srt/function_call/utils.py``) would build. Injected faults
-(``faults``) pick the answer's fate; the answer is
+(``srt/function_call/utils.py``) would build. The message is what the
+worker's parsers make of the answer (`chat_message`: none by default, as
+SGLang). Without a tokenizer (``--skip-tokenizer-init``) the tokenizer
+manager refuses stop strings and ``min_tokens`` (``SamplingParams.normalize``),
+and an answer the scheduler sends as ids has no ``text``, on which
+``_build_chat_response`` fails (``ret_item["text"]``: a KeyError, which
+``OpenAIServingBase.handle_request`` answers with a 500 after the request
+ran); one aborted in the waiting queue has ``text`` ``""`` and is answered.
+Injected faults (``faults``) pick the answer's fate; the answer is
 `answer.chat_response`.
 """
 
@@ -18,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import trio
+from pydantic import TypeAdapter, ValidationError
 
 from rollout_session.emulator.faults import (
     EARLY_FAULTS,
@@ -25,13 +33,16 @@ from rollout_session.emulator.faults import (
     Reply,
     context_length_message,
     early_fault_reply,
+    error_body,
     fault_reply,
 )
 from rollout_session.emulator.model.forced_call import ToolConstraint
 from rollout_session.emulator.records import ChatRecord
 from rollout_session.emulator.sglang.answer import chat_response
-from rollout_session.emulator.sglang.replies import check_priority, opt_int
-from rollout_session.emulator.sglang.worker import reported_spans
+from rollout_session.emulator.sglang.chat_message import ChatParsing, chat_skips_special_tokens
+from rollout_session.emulator.sglang.generate_params import tokenizer_required
+from rollout_session.emulator.sglang.replies import Invalid, check_priority, opt_int
+from rollout_session.emulator.sglang.worker import reported_spans, text_ids
 from rollout_session.errors import InvalidRequest
 from rollout_session.prompt.messages import normalize_messages
 
@@ -39,6 +50,18 @@ if TYPE_CHECKING:
     from rollout_session.emulator.sglang.worker import SglangWorker
 
 __all__ = ["handle_chat"]
+
+# ChatCompletionRequest.separate_reasoning: bool = True (pydantic, lax).
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+
+
+class _NoText(BadRequest):
+    """``_build_chat_response`` on an answer without ``text``: the KeyError
+    ``handle_request`` answers as an internal error."""
+
+    def reply(self) -> Reply:
+        message = "Internal server error: 'text'"
+        return Reply(500, error_body(message, code=500, type_="InternalServerError"))
 
 
 async def handle_chat(
@@ -96,6 +119,7 @@ async def _complete(worker: SglangWorker, body: Any, arrival: float) -> dict[str
     # (serving_chat builds GenerateReqInput without it): the prompt is
     # input_ids alone, whatever session it names.
     check_priority(body)
+    separate = _separate_reasoning(body)
     tools = body.get("tools") or None
     if tools is not None and not (
         isinstance(tools, list)
@@ -118,8 +142,28 @@ async def _complete(worker: SglangWorker, body: Any, arrival: float) -> dict[str
     budget = max(1, cfg.context_length - len(prompt)) if max_tokens is None else max_tokens
     if len(prompt) + budget > cfg.context_length:
         raise BadRequest(context_length_message(cfg.context_length, len(prompt), budget))
+    if not worker.has_tokenizer:
+        # to_sampling_params: stop, stop_regex, min_new_tokens from the request.
+        needs = tokenizer_required(
+            {
+                "stop": body.get("stop"),
+                "stop_regex": body.get("stop_regex"),
+                "min_new_tokens": body.get("min_tokens"),
+            }
+        )
+        if needs is not None:
+            raise BadRequest(needs)
+    parsing = ChatParsing.of(
+        body,
+        tool_call_parser=worker.tool_call_parser,
+        reasoning_parser=worker.reasoning_parser,
+        separate_reasoning=separate,
+    )
     seed = opt_int(body, "seed", -(2**63))
     sample = worker.sample(prompt, seed, budget, _chat_tool_choice(body))
+    unmodelled = parsing.unmodelled(sample)
+    if unmodelled is not None:
+        raise BadRequest(unmodelled)
     worker.routed_experts(body, prompt, sample)  # a bad start is refused before any work
 
     # serving_chat passes the top-level session_id on (session_params is dropped).
@@ -134,8 +178,20 @@ async def _complete(worker: SglangWorker, body: Any, arrival: float) -> dict[str
     cached = run.progress.cached
     emulator.count_work(len(prompt), cached)
     waiting = run.abort is not None and run.abort.waiting
+    if not worker.has_tokenizer and not waiting:
+        raise _NoText("the answer has no text (--skip-tokenizer-init)")
+    skip = chat_skips_special_tokens(body, tools or (), worker.reasoning_parser)
+
+    def text() -> str:
+        if not worker.has_tokenizer:
+            return ""  # _handle_abort_req: the state's text
+        ids = answer.ids if body.get("no_stop_trim") is True else text_ids(answer)
+        return worker.detokenize(prompt, ids, skip)
+
     return chat_response(
         answer,
+        message=parsing.message(answer, text),
+        reasoning_tokens=worker.reasoning_tokens(answer),
         rid=rid,
         # SGLang echoes the request's `model` ("default" when it has none).
         model=body["model"] if isinstance(body.get("model"), str) else "default",
@@ -149,6 +205,14 @@ async def _complete(worker: SglangWorker, body: Any, arrival: float) -> dict[str
         num_retractions=run.progress.retractions,
         waiting_abort=waiting,
     )
+
+
+def _separate_reasoning(body: dict[str, Any]) -> bool:
+    """``separate_reasoning`` (default true), read as pydantic reads it."""
+    try:
+        return _BOOL.validate_python(body.get("separate_reasoning", True))
+    except ValidationError as exc:
+        raise Invalid(f"separate_reasoning: {exc.errors(include_url=False)[0]['msg']}") from None
 
 
 def _check_tool_schemas(tools: Sequence[dict[str, Any]]) -> None:

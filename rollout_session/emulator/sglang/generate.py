@@ -14,7 +14,7 @@ emulator cannot is refused, never faked.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -42,9 +42,11 @@ __all__ = ["handle_generate"]
 
 # SamplingParams.max_new_tokens's default (a /generate request without it).
 _GENERATE_MAX_NEW_TOKENS: Final = 128
-# Prompt ids before a completion that SGLang's detokenizer decodes it after
-# (schedule_batch.py INIT_INCREMENTAL_DETOKENIZATION_OFFSET).
-_DETOKENIZE_CONTEXT: Final = 5
+# tokenizer_manager.py _tokenize_one_request, with no tokenizer (--skip-tokenizer-init).
+_TEXT_WITHOUT_TOKENIZER: Final = (
+    "The engine initialized with skip_tokenizer_init=True cannot accept text prompts. "
+    "Please provide input_ids or re-initialize the engine with skip_tokenizer_init=False."
+)
 # Keys a batched /generate request makes lists of (the emulator serves one request per call).
 _BATCH_KEYS: Final = (
     "rid", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num",
@@ -91,8 +93,10 @@ async def _generate_checked(worker: SglangWorker, body: Any, arrival: float) -> 
         return Reply(400, orjson.dumps({"error": contract}))
     if body.get("stream"):
         raise BadRequest("the emulator does not stream; send stream: false")
-    sampling: dict[str, Any] = body.get("sampling_params") or {}
-    _refuse_unmodelled(body, sampling)
+    requested: dict[str, Any] = body.get("sampling_params") or {}
+    # What SamplingParams is built from (--preferred-sampling-params under the request's).
+    sampling = worker.sampling_params(requested)
+    _refuse_unmodelled(body, sampling, worker.has_tokenizer)
     params = body.get("session_params")
     if body.get("session_id") is not None and params is not None:
         raise BadRequest("session_id and session_params cannot both be set.")
@@ -107,8 +111,8 @@ async def _generate_checked(worker: SglangWorker, body: Any, arrival: float) -> 
     # Omitted: SamplingParams' default 128; null: no limit (the context).
     max_new: int | None = sampling.get("max_new_tokens", _GENERATE_MAX_NEW_TOKENS)
     # Checked only when sent (the tokenizer manager reads the request's dict).
-    _check_lengths(cfg.context_length, len(ids), sampling.get("max_new_tokens"))
-    error = sampling_error(sampling, vocab)
+    _check_lengths(cfg.context_length, len(ids), requested.get("max_new_tokens"))
+    error = sampling_error(sampling, vocab, skip_tokenizer_init=not worker.has_tokenizer)
     if error is not None:
         raise BadRequest(error)
     if max_new == 0:  # prefill only (Req.is_prefill_only): the prompt's logprobs
@@ -152,14 +156,9 @@ async def _generate_checked(worker: SglangWorker, body: Any, arrival: float) -> 
     emulator.count_work(len(prompt), cached)
     start = _logprob_start(body, prompt, turn)
     meta = _generate_meta(worker, body, rid, prompt, answer, run, spans, cached, arrival, start)
-    skip = sampling.get("skip_special_tokens")
-    text = _detokenize(
-        worker,
-        prompt,
-        answer.ids if sampling.get("no_stop_trim") else text_ids(answer),
-        skip is not False,
-    )
-    out: dict[str, Any] = {"text": text, "output_ids": answer.ids, "meta_info": meta}
+    text = _text(worker, prompt, answer, sampling, run)
+    out: dict[str, Any] = {} if text is None else {"text": text}
+    out.update(output_ids=answer.ids, meta_info=meta)
     if body.get("return_prompt_token_ids"):
         out["prompt_token_ids"] = ids  # the request's own ids, as tokenized
     return Reply(200, orjson.dumps(out))
@@ -196,7 +195,8 @@ def _generate_meta(
             num_retractions=run.progress.retractions,
         )
     if body.get("return_logprob"):
-        with_text = body.get("return_text_in_logprobs") is True
+        # convert_logprob_style: return_text_in_logprobs and not skip_tokenizer_init.
+        with_text = body.get("return_text_in_logprobs") is True and worker.has_tokenizer
         template = worker.emulator.speaker.template
         texts: list[str | None] = (
             list(template.decode_pieces(sample.ids)) if with_text else [None] * n
@@ -217,7 +217,7 @@ def _generate_meta(
         meta["completion_tokens"] = n
         return meta
     meta.update(
-        reasoning_tokens=sample.reasoning_tokens,
+        reasoning_tokens=worker.reasoning_tokens(sample),
         completion_tokens=n,
         cached_tokens=cached,
     )
@@ -250,16 +250,23 @@ def _input_logprobs(
     return [list(entry) for entry in zip(values, ids, texts, strict=True)]
 
 
-def _detokenize(worker: SglangWorker, prompt: Sequence[int], ids: Sequence[int], skip: bool) -> str:
-    """The detokenizer's text of a completion: decoded after the last
-    prompt ids (``Req.init_incremental_detokenize``'s surrounding
-    offset; DetokenizerManager keeps what follows their text)."""
-    decode = worker.emulator.decode
-    context = list(prompt[-_DETOKENIZE_CONTEXT:])
-    if not context:
-        return decode(ids, skip)
-    head = decode(context, skip)
-    return decode([*context, *ids], skip)[len(head) :]
+def _text(
+    worker: SglangWorker,
+    prompt: Sequence[int],
+    answer: Sample,
+    sampling: Mapping[str, Any],
+    run: Run,
+) -> str | None:
+    """The answer's ``text``: the detokenizer's, the matched stop trimmed
+    unless ``no_stop_trim``; with ``--skip-tokenizer-init`` none (the
+    scheduler's ``BatchTokenIDOutput`` has no text:
+    ``TokenizerManager._handle_batch_output``), except for a request aborted
+    in the waiting queue, answered by ``_handle_abort_req`` with its state's
+    text, ``""``."""
+    if not worker.has_tokenizer:
+        return "" if run.abort is not None and run.abort.waiting else None
+    ids = answer.ids if sampling.get("no_stop_trim") else text_ids(answer)
+    return worker.detokenize(prompt, ids, sampling.get("skip_special_tokens") is not False)
 
 
 async def _run(
@@ -370,13 +377,18 @@ def _prefill_only() -> Sample:
     return Sample([], [], {"type": "length", "length": 0}, 0, {"role": "assistant", "content": ""})
 
 
-def _refuse_unmodelled(body: dict[str, Any], sampling: dict[str, Any]) -> None:
-    """What SGLang would answer and the emulator cannot: refused, never faked."""
+def _refuse_unmodelled(body: dict[str, Any], sampling: dict[str, Any], tokenizer: bool) -> None:
+    """What SGLang would answer and the emulator cannot: refused, never faked.
+    Without a tokenizer, a text prompt is SGLang's own refusal (and text
+    beside ``input_ids`` is ignored, as ``_tokenize_one_request`` takes the ids)."""
     for key in ("image_data", "video_data", "audio_data", "input_embeds"):
         if body.get(key) is not None:
             raise BadRequest(f"the emulator serves a text model: {key} is not supported")
     if body.get("text") is not None:
-        raise BadRequest("the emulator never tokenizes text; send input_ids")
+        if not tokenizer and body.get("input_ids") is None:
+            raise BadRequest(_TEXT_WITHOUT_TOKENIZER)
+        if tokenizer:
+            raise BadRequest("the emulator never tokenizes text; send input_ids")
     for key in _BATCH_KEYS:
         if isinstance(body.get(key), list):
             raise BadRequest(f"the emulator serves one request per call: {key} must not be a list")

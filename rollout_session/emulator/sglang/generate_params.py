@@ -21,7 +21,12 @@ from typing import Any, Final
 
 from rollout_session.emulator.model.forced_call import ToolConstraint, array_tool_constraint
 
-__all__ = ["sampling_error", "structural_tag_constraint", "tool_constraint"]
+__all__ = [
+    "sampling_error",
+    "structural_tag_constraint",
+    "tokenizer_required",
+    "tool_constraint",
+]
 
 
 # srt/sampling/sampling_params.py
@@ -37,10 +42,14 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def sampling_error(sampling: Mapping[str, Any], vocab_size: int) -> str | None:
+def sampling_error(
+    sampling: Mapping[str, Any], vocab_size: int, *, skip_tokenizer_init: bool = False
+) -> str | None:
     """``SamplingParams.__post_init__``, ``normalize`` and ``verify`` of
     gate-checked ``sampling_params``: SGLang's ValueError text, or None.
-    (The reasoning-end-token and watermark checks are not modelled.)"""
+    ``skip_tokenizer_init``: ``normalize`` gets no tokenizer
+    (`tokenizer_required`). (The reasoning-end-token and watermark checks
+    are not modelled.)"""
     for key, limit, what in (
         ("stop", _MAX_STOP_COUNT, "stop strings"),
         ("stop_regex", _MAX_STOP_REGEX_COUNT, "stop_regex patterns"),
@@ -54,6 +63,10 @@ def sampling_error(sampling: Mapping[str, Any], vocab_size: int) -> str | None:
                 size = len(regex.encode("utf-8"))
                 if size > _MAX_STOP_REGEX_LEN:
                     return f"stop_regex is {size} bytes, over the {_MAX_STOP_REGEX_LEN}-byte limit"
+    if skip_tokenizer_init:
+        needs = tokenizer_required(sampling)
+        if needs is not None:
+            return needs
     temperature = _or(sampling.get("temperature"), 1.0)
     top_k = _or(sampling.get("top_k"), -1)
     if 0 <= temperature < _SAMPLING_EPS:  # greedy
@@ -104,6 +117,28 @@ def sampling_error(sampling: Mapping[str, Any], vocab_size: int) -> str | None:
     # An empty grammar is unset (__post_init__: `self.json_schema or None`).
     if sum(bool(sampling.get(g)) for g in _GRAMMARS) > 1:
         return "Only one of json_schema, regex, ebnf, or structural_tag can be set."
+    return None
+
+
+def tokenizer_required(sampling: Mapping[str, Any]) -> str | None:
+    """``normalize(None)``'s refusal of what needs a tokenizer
+    (``raise_if_tokenizer_required``, the engine launched with
+    ``--skip-tokenizer-init``): stop strings and stop regexes are matched on
+    decoded text, ``min_new_tokens`` needs the EOS id. None when none is set."""
+    for key in ("stop", "stop_regex"):
+        value = sampling.get(key)
+        values = [value] if isinstance(value, str) else value
+        if values:
+            return (
+                f"{key}={values!r} is unavailable when skip_tokenizer_init=True "
+                "(requires tokenizer to decode tokens to text for matching)."
+            )
+    min_new = sampling.get("min_new_tokens")
+    if isinstance(min_new, int) and min_new > 0:
+        return (
+            f"min_new_tokens={min_new} is unavailable when skip_tokenizer_init=True "
+            "(requires tokenizer for eos_token_id)."
+        )
     return None
 
 

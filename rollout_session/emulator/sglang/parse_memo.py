@@ -28,38 +28,10 @@ from typing import Any, Final
 import orjson
 
 from rollout_session.emulator.faults import Reply, error_body
+from rollout_session.emulator.sglang.names import REASONING_PARSERS, TOOL_CALL_PARSERS
 
-__all__ = [
-    "NOT_SAMPLED",
-    "REASONING_PARSERS",
-    "TOOL_CALL_PARSERS",
-    "ParseMemo",
-    "Parsed",
-]
+__all__ = ["NOT_SAMPLED", "ParseMemo", "Parsed", "reasoning_rest"]
 
-# FunctionCallParser.ToolCallParserEnum (names matched exactly).
-TOOL_CALL_PARSERS: Final = frozenset(
-    {
-        "apertus2509", "beam", "cohere_command4", "deepseekv3", "deepseekv31", "deepseekv32",
-        "deepseekv4", "deepseekv41", "dots", "glm", "glm45", "glm47", "gpt-oss", "k2_horizon",
-        "kimi_k2", "kimi_k3", "lfm2", "ling3", "llama3", "mimo", "minicpm5", "mistral", "muse",
-        "poolside_v1", "pythonic", "qwen", "qwen25", "qwen3_coder", "spark25", "step3",
-        "step3p5", "minimax-m2", "minimax-m3", "nanbeige", "trinity", "interns1", "hermes",
-        "hunyuan", "gigachat3", "gigachat35", "gemma4", "inkling", "iquest_q1",
-        "response_template",
-    }
-)  # fmt: skip
-# ReasoningParser.DetectorMap (names matched lowercased).
-REASONING_PARSERS: Final = frozenset(
-    {
-        "apertus2509", "beam", "deepseek-r1", "deepseek-v3", "deepseek-v4", "deepseek-v41",
-        "dots", "glm45", "ling3", "hunyuan", "gpt-oss", "k2_horizon", "kimi", "kimi_k2",
-        "kimi_k3", "mimo", "muse", "poolside_v1", "qwen3", "qwen3-thinking", "minimax",
-        "minimax-append-think", "minimax-m3", "nanbeige", "step3", "step3p5", "mistral",
-        "nemotron_3", "granite_thinking_parser", "interns1", "gemma4", "gigachat35", "inkling",
-        "iquest_q1", "cohere_command4", "response_template",
-    }
-)  # fmt: skip
 # srt/entrypoints/openai/chat_encoding_adapters.py ADAPTER_OUTPUT_PARSERS: parsed
 # by the served model's adapter, which the emulator never serves.
 _ADAPTER_PARSERS: Final = frozenset({"deepseek-v4", "deepseekv4", "deepseek-v41", "deepseekv41"})
@@ -102,7 +74,7 @@ class Parsed:
         )
 
 
-def _remainder(text: str, message: Mapping[str, Any]) -> str:
+def reasoning_rest(text: str, message: Mapping[str, Any]) -> str:
     """What /separate_reasoning leaves of `text`: the content of a text
     answer; of a tool-call answer, the text after its reasoning (and the
     ``</think>`` closing it), whitespace-stripped on the left, or all of it."""
@@ -173,7 +145,7 @@ class ParseMemo:
             reasoning = message.get("reasoning_content") or ""
             for skip in (False, True):
                 text = self._decode(ids, skip)
-                rest = _remainder(text, message)
+                rest = reasoning_rest(text, message)
                 self._put(rest, Parsed("", rest, content, calls))
                 self._put(text, Parsed(reasoning, rest, content, calls))
 

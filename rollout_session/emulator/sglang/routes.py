@@ -14,7 +14,6 @@ it and HTTP.
 from __future__ import annotations
 
 import time
-from typing import Final
 
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -24,13 +23,11 @@ from rollout_session.emulator.http_io import json_response, raw_body, reply_resp
 from rollout_session.emulator.sglang import session_routes, weight_routes
 from rollout_session.emulator.sglang.chat import handle_chat
 from rollout_session.emulator.sglang.generate import handle_generate
+from rollout_session.emulator.sglang.names import SGLANG_VERSION
 from rollout_session.emulator.sglang.worker import SglangWorker
 from rollout_session.emulator.worker import Emulator
 
 __all__ = ["SGLANG_VERSION", "add_sglang_routes"]
-
-# The SGLang release the emulator models (what /server_info reports as `version`).
-SGLANG_VERSION: Final = "0.5.23"
 
 
 def add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
@@ -46,29 +43,44 @@ def add_sglang_routes(app: QuartTrio, emulator: Emulator) -> None:
     async def model_info() -> Response:
         # http_server.model_info (and /get_model_info, its deprecated alias):
         # the tokenizer manager's live model path, served name, load format
-        # and weight version (moved by weight updates).
+        # and weight version (moved by weight updates), and the launch's
+        # resolved parsers and preferred sampling parameters. model_type and
+        # architectures are the model config's: the emulator serves none.
         return json_response(
             {
                 "model_path": weights.model_path,
                 "served_model_name": weights.model_path,
                 "tokenizer_path": str(config.tokenizer_path),
                 "is_generation": True,
+                "preferred_sampling_params": config.preferred_sampling_params,
                 "weight_version": weights.reported_version,
                 "load_format": weights.load_format,
+                "reasoning_parser": worker.reasoning_parser,
+                "tool_call_parser": worker.tool_call_parser,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": None,
+                "architectures": None,
             }
         )
 
     async def server_info() -> Response:
         # SGLang's /server_info (and /get_server_info, its deprecated alias)
-        # is its resolved server args (flat, by field name) plus live
-        # scheduler state and `version`; these are the fields the emulator
-        # models. Its weight_version is the launch one: a weight update moves
+        # is its resolved server args (flat, by field name: ServerArgs.resolved_dict,
+        # a deprecated tool-call parser name resolved) plus live scheduler
+        # state and `version`; these are the fields the emulator models. Its
+        # weight_version is the launch one: a weight update moves
         # /model_info's, not this.
         return json_response(
             {
                 "model_path": config.model_name,
                 "tokenizer_path": str(config.tokenizer_path),
+                "skip_tokenizer_init": config.skip_tokenizer_init,
                 "served_model_name": config.model_name,
+                "reasoning_parser": worker.reasoning_parser,
+                "tool_call_parser": worker.tool_call_parser,
+                "preferred_sampling_params": config.preferred_sampling_params,
                 "context_length": config.context_length,
                 "page_size": config.cache_block_tokens,
                 "max_total_num_tokens": config.cache_capacity_tokens,

@@ -10,7 +10,9 @@ past pydantic: `generate`; serving: `serve_tokens`; the answer: `answer`),
 ``/v1/chat/completions/render`` (`render`: the template in `hf_renderer`,
 the parsers' ``adjust_request`` in `adjust_request`, ``reasoning_ended``
 in `reasoning_end`) and ``/derender`` (`derender`), vLLM's parser and
-constant names (`names`), the structural tag a tool-call constraint
+constant names (`names`), the server's sampling defaults
+(`generation_config`: ``--generation-config``,
+``--override-generation-config``), the structural tag a tool-call constraint
 becomes (`tag`), the RL routes (`weight_routes`) and the Quart routes
 (`routes`). Each module names the vLLM source it models.
 

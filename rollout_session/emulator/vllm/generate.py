@@ -65,11 +65,13 @@ class VllmServer:
     vocab_size: int  # model_config.get_vocab_size()
     tool_call_parser: str | None
     reasoning_parser: str | None
-    # generation_config.json's max_new_tokens (get_diff_sampling_param's max_tokens).
-    generation_max_tokens: int | None = None
-    # get_diff_sampling_param: generation_config.json's sampling defaults
-    # (what the chat route and /render fall back to).
+    # get_diff_sampling_param (--generation-config, --override-generation-config:
+    # `generation_config`): the defaults the chat route and /render fall back
+    # to, and the max_tokens /inference/v1/generate falls back to.
     sampling_defaults: Mapping[str, Any] = dataclass_field(default_factory=dict)
+    # `override_max_tokens`: a folder's or the override's max_new_tokens, a
+    # cap on render's max_tokens and on generate's default one.
+    max_tokens_cap: int | None = None
 
     @property
     def has_parser(self) -> bool:
@@ -256,8 +258,11 @@ def _serve_checks(f: _Fields, server: VllmServer) -> tuple[ParseContext | None, 
                 f"Input length ({prompt_len}) exceeds model's maximum context length "
                 f"({context_length})."
             )
+        fallback = server.sampling_defaults.get("max_tokens")
         max_tokens = min(
-            v for v in (context_length - prompt_len, server.generation_max_tokens) if v is not None
+            v
+            for v in (context_length - prompt_len, fallback, server.max_tokens_cap)
+            if v is not None
         )
     _engine_checks(f, server)
     if max_tokens is None:  # input_processor: unset max_tokens runs to the context

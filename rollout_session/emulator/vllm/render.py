@@ -46,9 +46,7 @@ that precede rendering.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -79,7 +77,7 @@ from rollout_session.emulator.vllm.sampling import (
     post_init,
 )
 
-__all__ = ["RENDER_PATH", "generation_sampling_defaults", "render_chat"]
+__all__ = ["RENDER_PATH", "render_chat"]
 
 RENDER_PATH: Final = "/v1/chat/completions/render"
 # CP ChatCompletionRequest._DEFAULT_SAMPLING_PARAMS.
@@ -92,44 +90,10 @@ _DEFAULT_SAMPLING: Final = {
     "top_k": 0,
     "min_p": 0.0,
 }
-# config/model.py get_diff_sampling_param's keys; transformers'
-# GenerationConfig defaults, which to_diff_dict drops.
-_GENERATION_KEYS: Final = (
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "max_new_tokens",
-    "skip_special_tokens",
-)
-_HF_DEFAULTS: Final = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 # A serialised field kept whatever its value (`_sampling_params`).
 _ALWAYS: Final = object()
 # validate_request_mm_kwargs: what each per-request kwarg could change.
 _MM_KWARGS: Final = {"mm_processor_kwargs": "preprocessing", "media_io_kwargs": "media loading"}
-
-
-def generation_sampling_defaults(model_dir: str | Path) -> dict[str, Any]:
-    """``ModelConfig.get_diff_sampling_param`` (``--generation-config auto``):
-    ``generation_config.json``'s sampling keys that differ from
-    transformers' defaults, ``max_new_tokens`` as ``max_tokens``."""
-    try:
-        config = json.loads((Path(model_dir) / "generation_config.json").read_text("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(config, dict):
-        return {}
-    out = {
-        key: config[key]
-        for key in _GENERATION_KEYS
-        if config.get(key) is not None and _HF_DEFAULTS.get(key) != config[key]
-    }
-    if "max_new_tokens" in out:
-        out["max_tokens"] = out.pop("max_new_tokens")
-    return out
 
 
 # -- 1. the body -------------------------------------------------------------
@@ -394,8 +358,10 @@ def render_chat(
     # 4. back in render_chat_request
     if not ids:
         raise VllmError("No token_ids rendered")
+    # get_max_tokens: the request's, else the server default, under the cap.
     fallback = limit if limit is not None else server.sampling_defaults.get("max_tokens")
-    max_tokens = min(v for v in (context - len(ids), fallback) if v is not None)
+    candidates = (context - len(ids), fallback, server.max_tokens_cap)
+    max_tokens = min(v for v in candidates if v is not None)
     structured = extract(adjusted.structured_outputs, adjusted.response_format)
     sampling = _sampling_params(chat, server, adjusted, structured, max_tokens)
     reasoning = None if server.reasoning_parser is None else {"chat_template_kwargs": dict(kwargs)}

@@ -26,8 +26,9 @@ from rollout_session.emulator.vllm.derender import Detokenizer, SampledAnswers, 
 from rollout_session.emulator.vllm.errors import VllmError
 from rollout_session.emulator.vllm.errors import error_body as vllm_error_body
 from rollout_session.emulator.vllm.generate import VllmServer
+from rollout_session.emulator.vllm.generation_config import generation_defaults
 from rollout_session.emulator.vllm.hf_renderer import ChatTemplate
-from rollout_session.emulator.vllm.render import generation_sampling_defaults, render_chat
+from rollout_session.emulator.vllm.render import render_chat
 from rollout_session.emulator.worker import Emulator
 from rollout_session.prompt.tokenizer import generation_stop_ids
 
@@ -41,14 +42,17 @@ class VllmWorker:
         self.emulator = emulator
         config = emulator.config
         model = emulator.model
+        defaults = generation_defaults(
+            config.tokenizer_path, config.generation_config, config.override_generation_config
+        )
         self.server = VllmServer(
             model_name=config.model_name,
             context_length=config.context_length,
             vocab_size=model.vocab_size,
             tool_call_parser=config.tool_call_parser,
             reasoning_parser=config.reasoning_parser,
-            generation_max_tokens=_generation_max_tokens(config.tokenizer_path),
-            sampling_defaults=generation_sampling_defaults(config.tokenizer_path),
+            sampling_defaults=defaults.sampling,
+            max_tokens_cap=defaults.max_tokens_cap,
         )
         # What /v1/chat/completions/render renders with (vLLM's HF renderer).
         self.chat_template = ChatTemplate(
@@ -148,15 +152,3 @@ class VllmWorker:
         self.emulator.abort_requests.extend(wanted)
         self.emulator.weights.abort_keys(wanted, "inference/v1/abort_requests")
         return Reply(200, b"")
-
-
-def _generation_max_tokens(path: Any) -> int | None:
-    """``generation_config.json``'s ``max_new_tokens`` (vLLM's
-    ``get_diff_sampling_param`` default ``max_tokens``), or None."""
-    try:
-        with open(f"{path}/generation_config.json", encoding="utf-8") as file:
-            config = json.load(file)
-    except (OSError, ValueError):
-        return None
-    value = config.get("max_new_tokens") if isinstance(config, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rollout_session.cli.demo import demo_parsers
+from rollout_session.cli.demo import demo_parsers, worker_parsers
 from rollout_session.config import Settings
 from rollout_session.prompt.builtin import builtin_template
 
@@ -72,3 +72,28 @@ def test_an_unknown_template_gets_no_parsers_and_a_warning(
         assert demo_parsers(settings, "{{ messages }}") is settings
         assert demo_parsers(settings, None) is settings
     assert caplog.text.count("no parsers known for this chat template") == 2
+
+
+@pytest.mark.parametrize(
+    ("settings", "template", "expected"),
+    [
+        (Settings(demo=True), "chatml", ("qwen25", None)),
+        (Settings(demo=True, demo_reasoning=True), "qwen3", ("qwen25", "qwen3")),
+        (Settings(demo=True), "qwen3", ("qwen25", None)),
+        (generate(tool_call_parser="hermes"), "chatml", ("hermes", None)),
+        (Settings(demo=True, engine="vllm"), "chatml", (None, None)),
+    ],
+    ids=["sglang-chat", "sglang-chat-reasoning", "sglang-chat-qwen3", "generate-named", "vllm"],
+)
+def test_the_workers_run_their_templates_parsers(
+    settings: Settings, template: str, expected: tuple[str | None, str | None]
+) -> None:
+    """SGLang's chat route parses only with the worker's own parsers: the
+    demo launches its workers with those of their template (the server's,
+    when its engine names them)."""
+    assert worker_parsers(settings, builtin_template(template)) == expected
+
+
+def test_an_unknown_template_gets_no_worker_parsers() -> None:
+    assert worker_parsers(Settings(demo=True), "{{ messages }}") == (None, None)
+    assert worker_parsers(Settings(demo=True), None) == (None, None)

@@ -33,6 +33,7 @@ from tests.families import (
     family_path,
     family_text_model,
     family_tokenizer,
+    sglang_parsers,
     template_text,
 )
 from tests.integration.session.test_families import CLOCK, PATTERNS, WEATHER, _episode
@@ -46,7 +47,9 @@ async def _servers(nursery: trio.Nursery, family: str) -> dict[str, RunningServe
     """One emulator worker, and a session server on each engine in front of it."""
     path = family_path(family)
     model = family_text_model(family)
-    worker = await spawn_worker(nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True))
+    # The worker runs the family's SGLang parsers (the chat engine's answers are parsed by them).
+    config = EmulatorConfig(tokenizer_path=path, reasoning=True, **sglang_parsers(family))
+    worker = await spawn_worker(nursery, model, config)
     facts = family_facts(family)
     servers = {}
     for name, (engine, kv_sessions) in CONFIGS.items():

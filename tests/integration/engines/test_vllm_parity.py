@@ -22,7 +22,14 @@ from rollout_session.engines.vllm.parsers import VllmParsers
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.check import Outcome
 from tests.conftest import spawn_worker
-from tests.families import FAMILIES, family_facts, family_path, family_text_model, family_tokenizer
+from tests.families import (
+    FAMILIES,
+    family_facts,
+    family_path,
+    family_text_model,
+    family_tokenizer,
+    sglang_parsers,
+)
 from tests.integration.engines.test_generate_parity import _run, _shape
 from tests.integration.session.test_families import PATTERNS
 from tests.loopback import TLS
@@ -55,7 +62,11 @@ async def _servers(nursery: trio.Nursery, family: str) -> tuple[RunningServer, R
     path = family_path(family)
     model = family_text_model(family)
     tool_call, reasoning = _parsers(family)
-    sglang = await spawn_worker(nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True))
+    sglang = await spawn_worker(
+        nursery,
+        model,
+        EmulatorConfig(tokenizer_path=path, reasoning=True, **sglang_parsers(family)),
+    )
     vllm = await spawn_worker(
         nursery,
         model,

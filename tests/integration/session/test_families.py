@@ -31,7 +31,13 @@ from rollout_session.prompt.messages import Message, assistant_message, normaliz
 from rollout_session.prompt.model_output import CallIds
 from rollout_session.prompt.tokenizer import ChatTokenizer
 from tests.conftest import spawn_worker
-from tests.families import family_path, family_text_model, family_tokenizer, template_text
+from tests.families import (
+    family_path,
+    family_text_model,
+    family_tokenizer,
+    sglang_parsers,
+    template_text,
+)
 from tests.integration.session.test_turns import check_document
 from tests.loopback import TLS
 from tests.unit.prompt.test_check import CASES, REPORT
@@ -81,9 +87,9 @@ async def serve_family(nursery: trio.Nursery) -> AsyncIterator[Serve]:
     async def start(family: str, kwargs: dict[str, Any]) -> str:
         path = family_path(family)
         model = family_text_model(family)
-        worker = await spawn_worker(
-            nursery, model, EmulatorConfig(tokenizer_path=path, reasoning=True)
-        )
+        # The worker runs the family's SGLang parsers (its chat route parses only with them).
+        config = EmulatorConfig(tokenizer_path=path, reasoning=True, **sglang_parsers(family))
+        worker = await spawn_worker(nursery, model, config)
         settings = Settings(
             workers=(worker.url,),
             port=0,
