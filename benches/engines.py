@@ -13,7 +13,11 @@ processes, once per configuration and repeat:
   only the ids the worker does not hold, over SGLang sessions);
 - ``vllm``: ``--engine vllm --tool-call-parser hermes`` against vLLM
   emulators (``--engine vllm --enable-scale-out --tool-call-parser hermes``):
-  one ``/inference/v1/generate`` per turn, parsed by the worker.
+  one ``/inference/v1/generate`` per turn, parsed by the worker;
+- ``auto``: no ``--engine`` and no parser flag, the default: the server
+  reads the workers (SGLang emulators launched with ``--tool-call-parser
+  qwen25``, as every SGLang configuration's are) and serves them with
+  ``sglang-generate``.
 
 Server and workers render with the bundled ``qwen3`` template
 (``--chat-template qwen3`` on both), which writes the tools into the prompt,
@@ -35,7 +39,7 @@ median and range are reported, and the CPU ratio to ``chat`` is paired
 within each repeat. The emulator simulates no latency: every number is CPU
 and loopback on the shared cores.
 
-Targets: ``generate`` and ``vllm`` server CPU per turn ≤ 1.1× ``chat``;
+Targets: ``generate``, ``vllm`` and ``auto`` server CPU per turn ≤ 1.1× ``chat``;
 ``delta`` ≥ 10× fewer bytes sent to the workers at turn 32 than
 ``generate`` (parse routes included).
 
@@ -86,6 +90,8 @@ CONFIGS: dict[str, list[str]] = {
     "generate": GENERATE,
     "delta": [*GENERATE, "--kv-sessions", "delta"],
     "vllm": ["--engine", "vllm", "--tool-call-parser", "hermes"],
+    # The default: no engine or parser named; the workers' are read.
+    "auto": [],
 }
 # The workers each configuration runs against (SGLang emulators unless named).
 WORKER_FLAGS: dict[str, list[str]] = {
@@ -443,7 +449,7 @@ def summarise(runs: list[dict[str, Any]], names: list[str]) -> list[dict[str, An
 
 def targets(runs: list[dict[str, Any]]) -> list[str]:
     out = []
-    for name in ("generate", "vllm"):
+    for name in ("generate", "vllm", "auto"):
         ratios = [r["x chat CPU"] for r in runs if r["config"] == name and "x chat CPU" in r]
         if ratios:
             mid = statistics.median(ratios)

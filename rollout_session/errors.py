@@ -16,7 +16,7 @@ Tree::
     │   ├── SessionNotFound, SessionClosing, SessionBusy, SessionExists
     │   ├── RequestTooLarge, TooManySessions, WorkerExists, WorkerNotFound
     └── ServerError (5xx)
-        ├── UpstreamError, UpstreamMalformed, UpstreamTimeout, NoHealthyWorker
+        ├── UpstreamError (WorkerUnfit), UpstreamMalformed, UpstreamTimeout, NoHealthyWorker
         ├── ServerPaused, JournalUnavailable
         └── InvariantViolated, InternalError
 """
@@ -60,6 +60,7 @@ __all__ = [
     "UpstreamTimeout",
     "WorkerExists",
     "WorkerNotFound",
+    "WorkerUnfit",
     "error_body",
 ]
 
@@ -247,6 +248,11 @@ class UpstreamError(ServerError):
 
     status_code = 502
     code = "upstream_error"
+
+
+class WorkerUnfit(UpstreamError):
+    """A worker of the engine's kind, launched without what the engine needs;
+    the message names the launch flag (`--enable-scale-out`, ...)."""
 
 
 class UpstreamMalformed(ServerError):

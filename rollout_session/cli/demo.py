@@ -6,14 +6,13 @@ nothing; `cli.main` and the fleets pass `start_demo_workers` to
 `cli.run.run_server` when the settings ask for a demo.
 
 An SGLang emulator serves every SGLang route at once (its chat route,
-``/generate`` and the parse routes), so the demo runs under either SGLang
-``--engine``; ``--engine vllm`` gets vLLM emulators (``--enable-scale-out``).
-With ``sglang-generate`` or ``vllm`` and no parser named, the demo names the
-parsers a worker serving its chat template would be launched with
-(`demo_parsers`). Its workers are launched with the parsers of their
-template, as a trainer launches them (SGLang's chat route parses tool calls
-and reasoning only with them): the server's when it names them, else the
-template's (`worker_parsers`).
+``/generate`` and the parse routes), so the demo runs under every SGLang
+engine, ``auto`` included; ``--engine vllm`` gets vLLM emulators
+(``--enable-scale-out``). The workers are launched as a trainer would
+launch them, with the parsers of their chat template (`worker_parsers`:
+the server's, where it names them), and the server learns them as it would
+from real workers: SGLang's from ``/server_info``; vLLM publishes none, so
+under ``vllm`` the server is given the same names (`demo_parsers`).
 """
 
 from __future__ import annotations
@@ -32,19 +31,20 @@ __all__ = ["demo_parsers", "start_demo_workers", "worker_parsers"]
 
 _log = logging.getLogger("rollout_session")
 
-# Each engine's parser names for the bundled templates: engine → built-in
-# template → (--tool-call-parser, --reasoning-parser when the demo answers
-# with reasoning). Both write Qwen's `<tool_call>` JSON; only qwen3 renders
-# reasoning (a `<think>` block), so ChatML's demo answers never carry one.
-_SGLANG: Final = {"chatml": ("qwen25", None), "qwen3": ("qwen25", "qwen3")}
+# Each kind of worker's parser names for the bundled templates: kind →
+# built-in template → (--tool-call-parser, --reasoning-parser when the demo
+# answers with reasoning). Both write Qwen's `<tool_call>` JSON; only qwen3
+# renders reasoning (a `<think>` block), so ChatML's demo answers never
+# carry one.
 _TEMPLATE_PARSERS: Final = {
-    "sglang-chat": _SGLANG,
-    "sglang-generate": _SGLANG,
+    "sglang": {"chatml": ("qwen25", None), "qwen3": ("qwen25", "qwen3")},
     "vllm": {"chatml": ("hermes", None), "qwen3": ("hermes", "qwen3")},
 }
-# The engines whose server settings name the workers' parsers (--tool-call-parser,
-# --reasoning-parser); sglang-chat's workers parse on their own.
-_NAMED_BY_SERVER: Final = frozenset({"sglang-generate", "vllm"})
+
+
+def _kind(settings: Settings) -> str:
+    """The demo's kind of worker: vLLM's for ``--engine vllm``, else SGLang's."""
+    return "vllm" if settings.engine == "vllm" else "sglang"
 
 
 def _builtin_name(template: str) -> str | None:
@@ -52,51 +52,46 @@ def _builtin_name(template: str) -> str | None:
 
 
 def _template_parsers(settings: Settings, template: str | None) -> tuple[str, str | None] | None:
-    """The engine's names of the parsers a worker serving `template` (its
-    text) is launched with (the reasoning parser only with
+    """The worker kind's names of the parsers a worker serving `template`
+    (its text) is launched with (the reasoning parser only with
     ``--demo-reasoning``), or None for a template the demo does not know."""
-    known = _TEMPLATE_PARSERS.get(settings.engine)
-    name = None if template is None or known is None else _builtin_name(template)
-    if known is None or name is None:
+    name = None if template is None else _builtin_name(template)
+    if name is None:
         return None
-    tool_call, reasoning = known[name]
+    tool_call, reasoning = _TEMPLATE_PARSERS[_kind(settings)][name]
     return tool_call, reasoning if settings.demo_reasoning else None
 
 
 def worker_parsers(settings: Settings, template: str | None) -> tuple[str | None, str | None]:
     """The (--tool-call-parser, --reasoning-parser) the demo's workers are
-    launched with: the server's when its engine names them, else (SGLang's
-    chat route) those of the workers' template (`template`: its text), or
-    none for a template the demo does not know."""
-    if settings.engine in _NAMED_BY_SERVER:
+    launched with: the server's where it names them, else those of the
+    workers' template (`template`: its text), or none for a template the
+    demo does not know."""
+    if settings.tool_call_parser or settings.reasoning_parser:
         return settings.tool_call_parser, settings.reasoning_parser
     return _template_parsers(settings, template) or (None, None)
 
 
 def demo_parsers(settings: Settings, template: str | None) -> Settings:
-    """`settings`, with the parsers of the demo's chat template (`template`:
-    its text, None when unknown) when the engine names its workers' parsers
-    (``sglang-generate``, ``vllm``) and none was named; logged. A template
-    the demo does not know gets none, and a warning: its answers then come
-    back unparsed (and vLLM refuses tools)."""
-    if settings.engine not in _NAMED_BY_SERVER:
-        return settings
-    if settings.tool_call_parser or settings.reasoning_parser:
+    """`settings`, under ``--engine vllm`` with no parser named, with the
+    parsers of the demo's chat template (`template`: its text, None when
+    unknown), logged: vLLM workers do not publish theirs. A template the demo
+    does not know gets none, and a warning: its answers then come back
+    unparsed (and vLLM refuses tools)."""
+    if _kind(settings) != "vllm" or settings.tool_call_parser or settings.reasoning_parser:
         return settings
     parsers = _template_parsers(settings, template)
     if parsers is None:
         _log.warning(
-            "serve --demo --engine %s: no parsers known for this chat template; tool calls "
+            "serve --demo --engine vllm: no parsers known for this chat template; tool calls "
             "and reasoning come back as text unless --tool-call-parser and "
-            "--reasoning-parser name them",
-            settings.engine,
+            "--reasoning-parser name them"
         )
         return settings
     tool_call, reasoning = parsers
     _log.info(
-        "demo: --engine %s with --tool-call-parser %s and --reasoning-parser %s "
-        "(the engine's names for the %s chat template%s)",
-        settings.engine,
+        "demo: --engine vllm with --tool-call-parser %s and --reasoning-parser %s "
+        "(vLLM's names for the %s chat template%s)",
         tool_call,
         reasoning or "none",
         _builtin_name(template or ""),
@@ -116,9 +111,8 @@ def _tokenizer_template(tokenizer: str) -> str | None:
 async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Settings:
     """Emulator workers speaking the served tokenizer and template (the
     bundled test tokenizer and its ChatML template unless given); the
-    settings with their URLs added (and, for ``sglang-generate`` and
-    ``vllm``, the template's parsers: `demo_parsers`). Without the ``demo``
-    extra, exits naming it."""
+    settings with their URLs added (and, for ``vllm``, the template's
+    parsers: `demo_parsers`). Without the ``demo`` extra, exits naming it."""
     try:
         from ..emulator.app import start_emulator
         from ..emulator.config import EmulatorConfig
@@ -143,7 +137,7 @@ async def start_demo_workers(nursery: trio.Nursery, settings: Settings) -> Setti
     tool_call_parser, reasoning_parser = worker_parsers(settings, served)
     urls = list(settings.workers)
     teachers = list(settings.teacher_workers)
-    vllm = settings.engine == "vllm"
+    vllm = _kind(settings) == "vllm"
     # The workers, then (unless --teacher-worker names some) one teacher: an
     # emulator with a seed of its own, so it scores the same tokens
     # differently (rescore target "teacher").

@@ -33,11 +33,12 @@ import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import trio
 
-from ..errors import UpstreamError
+from ..errors import UpstreamError, WorkerUnfit
 from .pool.client import WorkerClient
 from .pool.dialect import ModelInfo
 from .pool.health import flag_text
@@ -58,6 +59,10 @@ class Resolved:
     # The launch settings its workers run with (`spec.worker_settings` names):
     # what the pool requires of every worker, and what the engine is built for.
     launch: Mapping[str, Any]
+
+
+class _Contradicted(ValueError):
+    """A flag that contradicts the workers: no other engine is tried."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +91,8 @@ async def resolve_engine(
         if auto:
             reasons = "; ".join(f"{url}: {why}" for url, why in silent) or "no worker is configured"
             raise ValueError(
-                "--engine auto: no worker answered as a worker of any engine "
-                f"({reasons}); start the workers first, or name the engine with --engine"
+                f"--engine auto: no worker can serve ({reasons}); start the workers "
+                "(with the flags named), or name the engine with --engine"
             )
         spec = candidates[0]
         return _resolved(settings, spec, _launch(settings, spec, {}))
@@ -95,7 +100,9 @@ async def resolve_engine(
     _one_model(answers)
     published = _agreed(answers, spec)
     try:
-        return _checked(settings, spec, published)
+        resolved = _checked(settings, spec, published)
+    except _Contradicted:
+        raise
     except ValueError as refused:
         if not (auto and spec.fallback):
             raise
@@ -110,7 +117,23 @@ async def resolve_engine(
             spec.name,
             refused,
         )
-        return resolved
+    _warn_unparsed(resolved)
+    return resolved
+
+
+def _warn_unparsed(resolved: Resolved) -> None:
+    """A tool call is text in the agent's answer without a tool-call parser:
+    said once at start-up, with the fix."""
+    spec = resolved.spec
+    if "tool_call_parser" not in spec.worker_settings or resolved.launch["tool_call_parser"]:
+        return
+    here = " (or start this server with it)" if "tool_call_parser" in spec.supplied else ""
+    logger.warning(
+        "%s: no tool-call parser, so tool calls reach agents as text in the answer's "
+        "content: launch the workers with --tool-call-parser NAME%s",
+        spec.name,
+        here,
+    )
 
 
 async def _read_workers(
@@ -138,6 +161,10 @@ async def _read_workers(
             for spec in candidates:
                 try:
                     info = await spec.dialect.read_model(client, deadline_s)
+                except WorkerUnfit as exc:
+                    # Of this kind: the other kinds' reasons would only mislead.
+                    found[url] = f"a {spec.dialect.name} worker, but {exc}"
+                    return
                 except UpstreamError as exc:
                     reasons.append(
                         f"not {spec.dialect.name}: {exc}" if len(candidates) > 1 else str(exc)
@@ -207,7 +234,7 @@ def _launch(
     engine's default."""
     launch: dict[str, Any] = {}
     for name, default in spec.worker_settings.items():
-        given = getattr(settings, name, None)
+        given = spec.canonical(name, getattr(settings, name, None))
         if given is not None and name in spec.supplied and name not in published:
             logger.info(
                 "%s: the workers publish no %s; %s is this server's",
@@ -216,7 +243,7 @@ def _launch(
                 flag_text(name, given),
             )
         elif given is not None and name in published and published[name] != given:
-            raise ValueError(
+            raise _Contradicted(
                 f"the workers run {flag_text(name, published[name])}, but "
                 f"{flag_text(name, given)} was given here: start the server without "
                 "it (the workers' own is taken), or the workers with it"
@@ -228,6 +255,10 @@ def _launch(
 def _checked(settings: EngineSettings, spec: EngineSpec, published: Mapping[str, Any]) -> Resolved:
     """`spec` over workers that publish these settings, checked (ValueError)."""
     launch = _launch(settings, spec, published)
+    try:
+        spec.agrees(settings, launch)
+    except ValueError as contradicted:
+        raise _Contradicted(str(contradicted)) from None
     for name, value in spec.needs.items():
         if launch.get(name) != value:
             raise ValueError(
@@ -235,10 +266,23 @@ def _checked(settings: EngineSettings, spec: EngineSpec, published: Mapping[str,
                 f"they run with {flag_text(name, launch.get(name))}"
             )
     # Building the settings checks them (the engine's `check`, its flags).
-    return _resolved(settings, spec, launch)
+    return _resolved(settings, spec, launch, published)
 
 
-def _resolved(settings: EngineSettings, spec: EngineSpec, launch: Mapping[str, Any]) -> Resolved:
-    flags = {name: value for name, value in launch.items() if spec.takes(name)}
+def _resolved(
+    settings: EngineSettings,
+    spec: EngineSpec,
+    launch: Mapping[str, Any],
+    published: Mapping[str, Any] = MappingProxyType({}),
+) -> Resolved:
+    """`spec` with its flags set to `launch`'s values; a flag it does not
+    take that only repeats the workers' value (`sglang-chat` after ``auto``
+    fell back to it) is cleared rather than refused."""
+    flags: dict[str, Any] = {}
+    for name, value in launch.items():
+        if spec.takes(name):
+            flags[name] = value
+        elif name in published and getattr(settings, name, None) is not None:
+            flags[name] = None
     chosen: Any = dataclasses.replace(settings, engine=spec.name, **flags)  # type: ignore[type-var]
     return Resolved(spec, chosen, launch)

@@ -16,6 +16,8 @@ resolved server args by field name, ``build_server_info`` →
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpcore
 import orjson
 import trio
@@ -25,13 +27,26 @@ from .pool.client import TRANSPORT_ERRORS, WorkerClient, failure_detail, get_jso
 from .pool.dialect import ModelInfo, Probe, WorkerDialect
 from .scoring import SGLANG_SCORING
 
-__all__ = ["LAUNCH_SETTINGS", "fetch_model_info", "sglang_dialect"]
+__all__ = ["LAUNCH_SETTINGS", "fetch_model_info", "sglang_dialect", "sglang_setting"]
 
 # The launch settings an engine depends on, as /server_info names them
 # (the same names as this server's flags): the parsers that parse on the
 # worker, and whether it has a tokenizer (``--skip-tokenizer-init``: ids out,
 # no text, no chat route).
 LAUNCH_SETTINGS = ("tool_call_parser", "reasoning_parser", "skip_tokenizer_init")
+
+# The parser names SGLang renames at launch (srt/arg_groups/serving_hook.py
+# handle_deprecated_args): a worker launched with ``qwen25`` runs, and
+# publishes, ``qwen``.
+_RENAMED_TOOL_CALL_PARSERS = {"qwen25": "qwen", "glm45": "glm"}
+
+
+def sglang_setting(name: str, value: Any) -> Any:
+    """A launch setting as an SGLang worker given `value` runs it (its new
+    name for a deprecated parser name), so a flag and a worker compare alike."""
+    if name == "tool_call_parser" and isinstance(value, str):
+        return _RENAMED_TOOL_CALL_PARSERS.get(value, value)
+    return value
 
 
 async def fetch_model_info(client: WorkerClient, deadline_s: float) -> ModelInfo:
@@ -93,7 +108,7 @@ async def _launch_settings(client: WorkerClient, deadline_s: float) -> dict[str,
             if isinstance(value, bool):
                 settings[name] = value
         elif name in info and (value is None or isinstance(value, str)):
-            settings[name] = value
+            settings[name] = sglang_setting(name, value)
     return settings
 
 

@@ -90,8 +90,14 @@ class EngineSpec:
     # value (a flag of the same name, or another worker's): a worker that
     # publishes none for one of these is not refused for it.
     supplied: frozenset[str] = frozenset()
+    # Its flags against the launch settings its workers run with, where no
+    # flag of the same name compares them (ValueError naming both sides).
+    agrees: Callable[[EngineSettings, Mapping[str, Any]], None] = lambda settings, launch: None
     # Values of those its workers must have (a worker without them is refused).
     needs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # A launch setting's value as its workers run it (a flag's value is
+    # compared, and the engine built, with this: SGLang's renamed parsers).
+    canonical: Callable[[str, Any], Any] = lambda name, value: value
     # `--engine auto` serves the workers its dialect admits with it: the
     # token route of each engine family.
     auto: bool = False

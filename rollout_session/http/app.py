@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from types import TracebackType
 from typing import cast
 
 import httpx
@@ -51,7 +52,14 @@ from .routes.inspector import is_public_path, register_inspector_routes
 from .routes.sessions import register_routes
 from .session_routing import SessionRouting
 
-__all__ = ["create_app", "server_context"]
+__all__ = ["StartRefused", "create_app", "server_context"]
+
+
+class StartRefused(Exception):
+    """The server cannot start as configured (a worker, the flags, the
+    template); the message says why and the fix. Not a bug, so start-up
+    logs no traceback for it (`serve` prints the message and exits 1)."""
+
 
 logger = logging.getLogger("rollout_session")
 _EXTENSION = "rollout_session"
@@ -160,6 +168,16 @@ def create_app(
             policy=settings.turn_policy(in_place_roles),
         )
 
+    quart_log_exception = app.log_exception
+
+    def log_exception(
+        exc_info: tuple[type, BaseException, TracebackType] | tuple[None, None, None],
+    ) -> None:
+        if not isinstance(exc_info[1], StartRefused):
+            quart_log_exception(exc_info)
+
+    app.log_exception = log_exception  # type: ignore[method-assign,assignment]
+
     @app.after_serving
     async def shutdown() -> None:
         side = ctx.engine_side
@@ -208,13 +226,16 @@ async def _start_engine(
     """The engine ``--engine`` names, chosen and set from what the workers say
     (`engines.resolve`: ``auto`` probes them), its pool (and the teachers'),
     attached to the store. ValueError (a refused start) names the reason."""
-    resolved = await resolve_engine(
-        settings,
-        settings.workers,
-        tls=tls,
-        deadline_s=settings.connect_timeout_s + 3 * settings.health_timeout_s,
-        connect_timeout_s=settings.connect_timeout_s,
-    )
+    try:
+        resolved = await resolve_engine(
+            settings,
+            settings.workers,
+            tls=tls,
+            deadline_s=settings.connect_timeout_s + 3 * settings.health_timeout_s,
+            connect_timeout_s=settings.connect_timeout_s,
+        )
+    except ValueError as refused:
+        raise StartRefused(str(refused)) from None
     spec, launch = resolved.spec, resolved.launch
     chosen = cast(Settings, resolved.settings)
     if settings.engine != spec.name:
@@ -255,21 +276,21 @@ async def _load_model(ctx: ServerContext) -> ChatTokenizer:
     settings = ctx.settings
     try:
         await ctx.pool.model_info()
-    except (UpstreamError, NoHealthyWorker):
+    except (UpstreamError, NoHealthyWorker) as exc:
         if settings.tokenizer is None and ctx.tokenizer is None:
-            raise
+            raise StartRefused(str(exc)) from None
         logger.warning("worker model info unavailable at startup; continuing with --tokenizer")
     if ctx.tokenizer is None:
         info = ctx.model.info
         path = settings.tokenizer or (info.tokenizer_path if info else None)
         if not path:
-            raise RuntimeError("the worker reports no tokenizer_path; pass --tokenizer")
+            raise StartRefused("the worker reports no tokenizer_path; pass --tokenizer")
         try:
             ctx.tokenizer = await trio.to_thread.run_sync(
                 load_tokenizer, path, settings.chat_template
             )
         except (OSError, ValueError) as exc:
-            raise RuntimeError(f"cannot load tokenizer {path!r} ({exc}); pass --tokenizer") from exc
+            raise StartRefused(f"cannot load tokenizer {path!r} ({exc}); pass --tokenizer") from exc
         logger.info(
             "serving %s with tokenizer %s (vocab %d)",
             ctx.model.name or "unknown model",
@@ -303,7 +324,7 @@ async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> froze
     if refusal is not None:
         # Its first line names the fix: the --append-roles that would start,
         # else --chat-template FILE.
-        raise RuntimeError(
+        raise StartRefused(
             refusal + "\n(`rollout-session check-template` prints the whole report; "
             "docs/templates.md says what to do)"
         )

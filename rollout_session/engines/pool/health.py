@@ -109,8 +109,12 @@ class HealthChecks:
         if self.served is None and self._members.nursery is not None:
             await self.first_round.wait()
         if self.served is None:
+            reasons = "; ".join(
+                f"{w.url}: {w.last_error}" for w in self._members.workers.values() if w.last_error
+            )
             raise NoHealthyWorker(
-                f"no {self._dialect.name} worker has been admitted yet",
+                f"no {self._dialect.name} worker has been admitted yet"
+                + (f" ({reasons})" if reasons else ""),
                 retry_after_s=self._options.retry_after_s,
             )
         return self.served

@@ -41,7 +41,13 @@ SPEC = EngineSpec(
     ),
     check=_check,
     build=_build,
-    worker_settings={"skip_tokenizer_init": False},
+    # The parsers are the workers' own: read so that a fleet that parses
+    # differently is refused, and a joining worker must agree.
+    worker_settings={
+        "tool_call_parser": None,
+        "reasoning_parser": None,
+        "skip_tokenizer_init": False,
+    },
     # Its chat route answers only with a tokenizer (SGLang 0.5.23
     # serving_chat.py reads the tokenizer manager's tokenizer).
     needs={"skip_tokenizer_init": False},

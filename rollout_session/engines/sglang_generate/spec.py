@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..base import Engine
 from ..kv_sessions import KvMode
+from ..sglang_workers import sglang_setting
 from ..spec import EngineFlag, EngineParts, EngineSettings, EngineSpec
 from .parsers import Parsers
 from .workers import SGLANG_GENERATE_WORKERS
@@ -62,6 +63,7 @@ SPEC = EngineSpec(
     # launched without parsers (verl launches SGLang so) is served with this
     # server's `--tool-call-parser`/`--reasoning-parser`.
     supplied=frozenset({"tool_call_parser", "reasoning_parser"}),
+    canonical=sglang_setting,
     auto=True,
     # Parsers this engine does not reproduce (gpt-oss's) still parse exactly
     # on the chat route, which needs a tokenizer (its `needs`).

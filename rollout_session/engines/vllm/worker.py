@@ -22,7 +22,7 @@ import msgspec
 import orjson
 import trio
 
-from ...errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
+from ...errors import UpstreamError, UpstreamMalformed, UpstreamTimeout, WorkerUnfit
 from ..pool.client import TRANSPORT_ERRORS, NotSent, WorkerClient, failure_detail, get_json, post
 from ..pool.dialect import PROBE_SESSION, ModelInfo, Probe, WorkerDialect
 from ..scoring import VLLM_SCORING
@@ -32,6 +32,8 @@ __all__ = [
     "GENERATE_PATH",
     "RENDER_PATH",
     "SAMPLING_DEFAULTS",
+    "TOOL_PARSING",
+    "TOOL_SKIP_SPECIAL_TOKENS",
     "VLLM_WORKERS",
     "fetch_vllm_model_info",
 ]
@@ -41,6 +43,12 @@ RENDER_PATH = "/v1/chat/completions/render"
 # The launch setting a vLLM worker shows through its rendering: its chat
 # route's sampling defaults (`ModelInfo.settings` key; the engine's).
 SAMPLING_DEFAULTS = "sampling_defaults"
+# And whether its chat route parses tool calls (it was launched with
+# ``--enable-auto-tool-choice --tool-call-parser``), and, if so, the
+# ``skip_special_tokens`` its parsers' ``adjust_request`` leaves on a tool
+# request: vLLM does not publish the parser's name, this much of it shows.
+TOOL_PARSING = "tool_parsing"
+TOOL_SKIP_SPECIAL_TOKENS = "tool_skip_special_tokens"
 ABORT_PATH = "/inference/v1/abort_requests"
 # vllm-project/router hashes sessions on X-Session-ID; vLLM passes it to its
 # engine (generate/base/serving.py SESSION_ID_HEADER). smg's key as for SGLang.
@@ -109,7 +117,7 @@ async def fetch_vllm_model_info(client: WorkerClient, deadline_s: float) -> Mode
             f"cannot read model info from the worker: {failure_detail(exc)}"
         ) from None
     if reply.status == 403:
-        raise UpstreamError(
+        raise WorkerUnfit(
             f"{GENERATE_PATH} answered 403 ({_error_message(reply.body)}): start vLLM with "
             "--enable-scale-out"
         )
@@ -126,12 +134,14 @@ async def fetch_vllm_model_info(client: WorkerClient, deadline_s: float) -> Mode
         max_len = None
     root = base.get("root")
     defaults = await _sampling_defaults(client, base["id"], max_len, deadline_s)
+    settings: dict[str, Any] = {} if defaults is None else {SAMPLING_DEFAULTS: defaults}
+    settings.update(await _tool_parsing(client, base["id"], deadline_s))
     return ModelInfo(
         model=base["id"],
         tokenizer_path=root if isinstance(root, str) and root else None,
         max_model_len=max_len,
         models=tuple(m["id"] for m in cards),
-        settings={} if defaults is None else {SAMPLING_DEFAULTS: defaults},
+        settings=settings,
     )
 
 
@@ -171,30 +181,14 @@ async def _sampling_defaults(
     and ``max_new_tokens`` where a default caps ``max_tokens`` below the
     context. None when the render cannot be read (the engine then reads the
     model's files, and says so)."""
-    probe = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "ping"}]})
-    try:
-        with trio.fail_after(deadline_s):
-            reply = await post(
-                client,
-                RENDER_PATH,
-                probe,
-                session_id=PROBE_SESSION,
-                session_headers=_SESSION_HEADERS,
-                timeout_s=deadline_s,
-                max_bytes=_PROBE_BYTES,
-            )
-        rendered = _RENDERED.decode(reply.body) if reply.status == 200 else None
-    except (
-        trio.TooSlowError,
-        NotSent,
-        UpstreamError,
-        UpstreamTimeout,
-        UpstreamMalformed,
-        msgspec.DecodeError,
-        msgspec.ValidationError,
-    ):
+    answer = await _render(
+        client, {"model": model, "messages": [{"role": "user", "content": "ping"}]}, deadline_s
+    )
+    if answer is None or answer[0] != 200:
         return None
-    if rendered is None:
+    try:
+        rendered = _RENDERED.decode(answer[1])
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     params = rendered.sampling_params
     defaults = {k: params.get(k, v) for k, v in _SAMPLING_PARAMS_DEFAULTS.items()}
@@ -203,6 +197,61 @@ async def _sampling_defaults(
     if isinstance(cap, int) and room is not None and cap < room:
         defaults["max_new_tokens"] = cap
     return defaults
+
+
+async def _render(
+    client: WorkerClient, body: dict[str, Any], deadline_s: float
+) -> tuple[int, bytes] | None:
+    """The worker's answer to rendering `body` (status, body); None when it
+    gave none in time."""
+    try:
+        with trio.fail_after(deadline_s):
+            reply = await post(
+                client,
+                RENDER_PATH,
+                orjson.dumps(body),
+                session_id=PROBE_SESSION,
+                session_headers=_SESSION_HEADERS,
+                timeout_s=deadline_s,
+                max_bytes=_PROBE_BYTES,
+            )
+    except (trio.TooSlowError, NotSent, UpstreamError, UpstreamTimeout, UpstreamMalformed):
+        return None
+    return reply.status, reply.body
+
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+async def _tool_parsing(client: WorkerClient, model: str, deadline_s: float) -> dict[str, bool]:
+    """`TOOL_PARSING` and `TOOL_SKIP_SPECIAL_TOKENS` from the worker's
+    rendering of a tool request (`tool_choice` auto): vLLM's chat route
+    refuses it without a tool parser (``OnlineRenderer.render_chat``:
+    '"auto" tool choice requires --enable-auto-tool-choice and
+    --tool-call-parser to be set'). {} when the answer says neither."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "ping"}],
+        "tools": [_PROBE_TOOL],
+        "tool_choice": "auto",
+    }
+    answer = await _render(client, body, deadline_s)
+    if answer is None:
+        return {}
+    status, raw = answer
+    if status == 400 and "--enable-auto-tool-choice" in _error_message(raw):
+        return {TOOL_PARSING: False}
+    if status != 200:
+        return {}
+    try:
+        rendered = _RENDERED.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return {}
+    skip = rendered.sampling_params.get("skip_special_tokens", True)
+    return {TOOL_PARSING: True, TOOL_SKIP_SPECIAL_TOKENS: bool(skip)}
 
 
 def _abort(request_ids: list[str]) -> list[tuple[str, bytes]]:

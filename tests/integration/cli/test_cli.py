@@ -60,6 +60,7 @@ async def test_serve_refuses_a_template_it_cannot_extend_exactly() -> None:
                           "(`rollout-session check-template --tokenizer DIR --chat-template FILE` "
                           "checks one):")  # fmt: skip
     assert "  - plain: server: chat template renders neither" in err
+    assert "Traceback" not in err  # a refusal, not a bug
 
 
 @pytest.mark.parametrize(
@@ -150,14 +151,14 @@ def tool_turn(base_url: str) -> dict[str, Any]:
         client.close()
 
 
-async def test_serve_demo_under_sglang_generate_parses_a_tool_call() -> None:
-    """`--engine sglang-generate` works out of the box with `--demo`: the
-    demo names the parsers of its ChatML template (qwen25), the turn goes
-    through `/generate` and the worker's `/parse_function_call`, the agent
-    gets the tool call, and the sampled ids are in the trajectory under mask 1."""
+async def test_serve_demo_parses_a_tool_call_on_the_token_route() -> None:
+    """`serve --demo` under the default `--engine auto`: the demo's workers
+    run the parsers of its ChatML template (qwen25), which the server reads
+    from their /server_info; the turn goes through `/generate` and the
+    worker's `/parse_function_call`, the agent gets the tool call, and the
+    sampled ids are in the trajectory under mask 1."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "rollout_session", "serve", "--demo", "--port", "0",
-               "--engine", "sglang-generate"]  # fmt: skip
+    command = [sys.executable, "-m", "rollout_session", "serve", "--demo", "--port", "0"]
     async with trio.open_nursery() as nursery:
         url, process = await start_listening(nursery, command, env=env)
         async with httpx.AsyncClient(base_url=url, verify=TLS) as client:
@@ -187,6 +188,31 @@ async def test_serve_demo_under_sglang_generate_parses_a_tool_call() -> None:
 
 
 HELLO = [{"role": "user", "content": "hello"}]
+
+
+async def test_serve_refuses_a_vllm_worker_without_its_token_route() -> None:
+    """A vLLM worker launched without `--enable-scale-out`: `serve` exits 1
+    naming the flag, without a traceback, under `auto` and with the engine
+    named (which, given `--tokenizer`, would instead start and wait for the
+    worker to be restarted with it)."""
+    command = [sys.executable, "-m", "rollout_session", "emulator", "--port", "0",
+               "--engine", "vllm"]  # fmt: skip
+    async with trio.open_nursery() as nursery:
+        url, emulator = await start_listening(nursery, command)
+        for engine in ("auto", "vllm"):
+            serve = [sys.executable, "-m", "rollout_session", "serve", "--port", "0",
+                     "--worker", url, "--engine", engine]  # fmt: skip
+            with trio.fail_after(60):
+                done = await trio.run_process(
+                    serve, capture_stdout=True, capture_stderr=True, check=False
+                )
+            assert done.returncode == 1, engine
+            err = done.stderr.decode()
+            (line,) = [line for line in err.splitlines() if "cannot start" in line]
+            assert "start vLLM with --enable-scale-out" in line, (engine, line)
+            assert "SGLang" not in line, (engine, line)
+            assert "Traceback" not in err, engine
+        emulator.send_signal(signal.SIGINT)
 
 
 async def test_emulator_speaks_sglang_on_every_route() -> None:

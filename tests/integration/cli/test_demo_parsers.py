@@ -1,5 +1,6 @@
-"""`serve --demo` under `--engine sglang-generate` and `--engine vllm`: the
-parsers it names for its chat template (`cli.demo.demo_parsers`), in process."""
+"""`serve --demo`'s parsers (`cli.demo`), in process: the workers are
+launched with their chat template's parsers, and only under `--engine vllm`
+(whose workers publish none) does the server name them too."""
 
 from __future__ import annotations
 
@@ -13,38 +14,27 @@ from rollout_session.config import Settings
 from rollout_session.prompt.builtin import builtin_template
 
 
-def generate(**changes: Any) -> Settings:
-    return Settings(demo=True, engine="sglang-generate", **changes)
+def vllm(**changes: Any) -> Settings:
+    return Settings(demo=True, engine="vllm", **changes)
 
 
 @pytest.mark.parametrize(
-    ("engine", "template", "reasoning", "expected"),
+    ("template", "reasoning", "expected"),
     [
-        ("sglang-generate", "chatml", False, ("qwen25", None)),
+        ("chatml", False, ("hermes", None)),
         # ChatML renders no reasoning: the demo answers without any.
-        ("sglang-generate", "chatml", True, ("qwen25", None)),
-        ("sglang-generate", "qwen3", False, ("qwen25", None)),
-        ("sglang-generate", "qwen3", True, ("qwen25", "qwen3")),
-        ("vllm", "chatml", False, ("hermes", None)),
-        ("vllm", "qwen3", True, ("hermes", "qwen3")),
+        ("chatml", True, ("hermes", None)),
+        ("qwen3", True, ("hermes", "qwen3")),
     ],
-    ids=[
-        "chatml",
-        "chatml-reasoning",
-        "qwen3",
-        "qwen3-reasoning",
-        "vllm-chatml",
-        "vllm-qwen3-reasoning",
-    ],
+    ids=["chatml", "chatml-reasoning", "qwen3-reasoning"],
 )
-def test_the_demo_names_its_templates_parsers(
-    engine: str,
+def test_under_vllm_the_server_is_given_the_templates_parsers(
     template: str,
     reasoning: bool,
     expected: tuple[str, str | None],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings = Settings(demo=True, engine=engine, demo_reasoning=reasoning)
+    settings = vllm(demo_reasoning=reasoning)
     with caplog.at_level(logging.INFO, logger="rollout_session"):
         chosen = demo_parsers(settings, builtin_template(template))
     assert (chosen.tool_call_parser, chosen.reasoning_parser) == expected
@@ -55,19 +45,22 @@ def test_the_demo_names_its_templates_parsers(
     "settings",
     [
         Settings(demo=True),
-        generate(tool_call_parser="qwen25"),
-        generate(reasoning_parser="qwen3", demo_reasoning=True),
+        Settings(demo=True, engine="sglang-generate"),
+        Settings(demo=True, engine="sglang-chat"),
+        vllm(tool_call_parser="qwen3_json"),
+        vllm(reasoning_parser="qwen3", demo_reasoning=True),
     ],
-    ids=["sglang-chat", "tool-call-parser-given", "reasoning-parser-given"],
+    ids=["auto", "sglang-generate", "sglang-chat", "tool-call-parser-given", "reasoning-given"],
 )
-def test_given_parsers_and_sglang_chat_are_left_alone(settings: Settings) -> None:
+def test_sglang_engines_and_given_parsers_are_left_alone(settings: Settings) -> None:
+    """SGLang workers publish their parsers, and the server reads them."""
     assert demo_parsers(settings, builtin_template("qwen3")) is settings
 
 
 def test_an_unknown_template_gets_no_parsers_and_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    settings = generate()
+    settings = vllm()
     with caplog.at_level(logging.WARNING, logger="rollout_session"):
         assert demo_parsers(settings, "{{ messages }}") is settings
         assert demo_parsers(settings, None) is settings
@@ -80,17 +73,21 @@ def test_an_unknown_template_gets_no_parsers_and_a_warning(
         (Settings(demo=True), "chatml", ("qwen25", None)),
         (Settings(demo=True, demo_reasoning=True), "qwen3", ("qwen25", "qwen3")),
         (Settings(demo=True), "qwen3", ("qwen25", None)),
-        (generate(tool_call_parser="hermes"), "chatml", ("hermes", None)),
-        (Settings(demo=True, engine="vllm"), "chatml", (None, None)),
+        (Settings(demo=True, engine="sglang-chat"), "chatml", ("qwen25", None)),
+        (
+            Settings(demo=True, engine="sglang-generate", tool_call_parser="hermes"),
+            "chatml",
+            ("hermes", None),
+        ),
+        (vllm(), "chatml", ("hermes", None)),
     ],
-    ids=["sglang-chat", "sglang-chat-reasoning", "sglang-chat-qwen3", "generate-named", "vllm"],
+    ids=["auto", "auto-reasoning", "auto-qwen3", "sglang-chat", "server-named", "vllm"],
 )
 def test_the_workers_run_their_templates_parsers(
     settings: Settings, template: str, expected: tuple[str | None, str | None]
 ) -> None:
-    """SGLang's chat route parses only with the worker's own parsers: the
-    demo launches its workers with those of their template (the server's,
-    when its engine names them)."""
+    """The demo launches its workers with their template's parsers in
+    their engine's names (the server's, where it names them)."""
     assert worker_parsers(settings, builtin_template(template)) == expected
 
 

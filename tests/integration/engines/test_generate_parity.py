@@ -1,5 +1,8 @@
 """`sglang-generate` gives what `sglang-chat` gives, family by family, with
-and without delta-sync (`--kv-sessions delta`).
+and without delta-sync (`--kv-sessions delta`), and against a worker
+launched without a tokenizer (``--skip-tokenizer-init``, verl's default:
+ids out, decoded by the server), chosen and set up by ``--engine auto``
+from the worker's ``/server_info`` alone.
 
 Each family's episode (the families suite's: plain, tool call, parallel
 tool calls, cut by max_tokens; reasoning where the family shows it) runs
@@ -13,6 +16,7 @@ fresh per call on both routes and compared by shape only.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -22,6 +26,7 @@ import trio
 
 from rollout_session import Settings, create_app
 from rollout_session.emulator import EmulatorConfig
+from rollout_session.engines.resolve import resolve_engine
 from rollout_session.errors import InvalidRequest
 from rollout_session.http.serving import RunningServer, start_server
 from rollout_session.prompt.check import Outcome
@@ -44,18 +49,20 @@ _CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
 
 
 async def _servers(nursery: trio.Nursery, family: str) -> dict[str, RunningServer]:
-    """One emulator worker, and a session server on each engine in front of it."""
+    """One emulator worker (and one without a tokenizer), and a session
+    server on each engine in front of it."""
     path = family_path(family)
     model = family_text_model(family)
-    # The worker runs the family's SGLang parsers (the chat engine's answers are parsed by them).
+    # The workers run the family's SGLang parsers (the chat engine's answers are parsed by them).
     config = EmulatorConfig(tokenizer_path=path, reasoning=True, **sglang_parsers(family))
     worker = await spawn_worker(nursery, model, config)
+    ids_only = await spawn_worker(nursery, model, replace(config, skip_tokenizer_init=True))
     facts = family_facts(family)
     servers = {}
     for name, (engine, kv_sessions) in CONFIGS.items():
         generate = engine == "sglang-generate"
         settings = Settings(
-            workers=(worker.url,),
+            workers=(ids_only.url if engine == "auto" else worker.url,),
             port=0,
             tokenizer=str(path),
             engine=engine,
@@ -125,11 +132,13 @@ def _refuses_sglang_call_ids(family: str) -> bool:
     return False
 
 
-# name -> (engine, --kv-sessions): delta-sync must not change a token either.
+# name -> (engine, --kv-sessions): delta-sync must not change a token either;
+# "auto" is served the worker without a tokenizer, and given no parser.
 CONFIGS = {
     "sglang-chat": ("sglang-chat", "off"),
     "sglang-generate": ("sglang-generate", "off"),
     "sglang-generate+delta": ("sglang-generate", "delta"),
+    "auto+skip-tokenizer-init": ("auto", "off"),
 }
 # Families whose SGLang reasoning parser sglang-generate cannot reproduce.
 REFUSED = [f for f in FAMILIES if family_facts(f).get("sglang_reasoning_parser") == "gpt-oss"]
@@ -157,7 +166,7 @@ async def test_generate_engine_matches_chat_engine(nursery: trio.Nursery, family
 
 async def _compare(servers: dict[str, RunningServer], family: str, pattern: str) -> None:
     chat_doc, chat_answers = await _run(servers["sglang-chat"], family, pattern)
-    for name in ("sglang-generate", "sglang-generate+delta"):
+    for name in ("sglang-generate", "sglang-generate+delta", "auto+skip-tokenizer-init"):
         doc, answers = await _run(servers[name], family, pattern)
         for key in ("token_ids", "logprobs", "loss_mask"):
             assert doc[key] == chat_doc[key], (name, pattern, key)
@@ -180,3 +189,33 @@ def test_parsers_it_cannot_reproduce_are_refused_at_startup(family: str) -> None
             tool_call_parser=facts["sglang_tool_call_parser"],
             reasoning_parser=facts["sglang_reasoning_parser"],
         )
+
+
+@pytest.mark.parametrize("family", REFUSED)
+async def test_auto_serves_them_on_the_chat_route(nursery: trio.Nursery, family: str) -> None:
+    """Under `auto` a worker whose reasoning parser the token route does not
+    reproduce is served by `sglang-chat`; without a tokenizer it has no chat
+    route, and the start is refused with both reasons."""
+    path = family_path(family)
+    config = EmulatorConfig(tokenizer_path=path, reasoning=True, **sglang_parsers(family))
+    model = family_text_model(family)
+    worker = await spawn_worker(nursery, model, config)
+    ids_only = await spawn_worker(nursery, model, replace(config, skip_tokenizer_init=True))
+    chosen = await resolve_engine(
+        Settings(workers=(worker.url,)),
+        (worker.url,),
+        tls=TLS,
+        deadline_s=5.0,
+        connect_timeout_s=2.0,
+    )
+    assert chosen.spec.name == "sglang-chat"
+    assert chosen.launch["reasoning_parser"] == "gpt-oss"
+    with pytest.raises(ValueError, match="not reproduced by sglang-generate") as refused:
+        await resolve_engine(
+            Settings(workers=(ids_only.url,)),
+            (ids_only.url,),
+            tls=TLS,
+            deadline_s=5.0,
+            connect_timeout_s=2.0,
+        )
+    assert "sglang-chat needs workers with no --skip-tokenizer-init" in str(refused.value)

@@ -4,6 +4,7 @@ serves the next turn."""
 
 from __future__ import annotations
 
+from rollout_session.emulator import EmulatorConfig
 from tests.conftest import TOOLS, StackFactory
 
 USER = [{"role": "user", "content": "hello"}]
@@ -12,7 +13,8 @@ USER = [{"role": "user", "content": "hello"}]
 async def test_a_forced_call_under_a_native_tag_parser_is_refused(
     make_stack: StackFactory,
 ) -> None:
-    stack = await make_stack(engine="sglang-generate", tool_call_parser="kimi_k2")
+    # The parser is read from the worker's /server_info.
+    stack = await make_stack(emulator=EmulatorConfig(tool_call_parser="kimi_k2"), engine="auto")
     session_id = await stack.create()
     refused = await stack.chat(session_id, messages=USER, tools=TOOLS, tool_choice="required")
     assert refused.status_code == 400

@@ -163,7 +163,8 @@ async def test_a_constraint_only_vllm_builds_is_taken_from_its_render_route(
 async def test_a_request_the_chat_route_refuses_is_refused_before_sending(
     make_stack: StackFactory,
 ) -> None:
-    stack = await make_stack(emulator=VLLM, engine="vllm")  # no tool parser on the worker
+    # No tool parser on the worker, nor here.
+    stack = await make_stack(emulator=replace(VLLM, tool_call_parser=None), engine="vllm")
     session_id = await stack.create()
     sent = stack.emulator.received
     response = await stack.chat(session_id, messages=USER, tools=TOOLS)

@@ -135,7 +135,7 @@ async def test_under_auto_a_worker_it_cannot_verify_stops_the_start_with_the_rea
     where none can be read is refused (start-up's `resolve_engine`), naming why."""
     worker = await https_worker(nursery, text_model, chat_tokenizers["chatml"], trustme.CA())
     settings = Settings(workers=(worker,), port=0, **FAST)
-    with pytest.raises(ValueError, match="--engine auto: no worker answered") as refused:
+    with pytest.raises(ValueError, match="--engine auto: no worker can serve") as refused:
         await resolve_engine(
             settings,
             settings.workers,
