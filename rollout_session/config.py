@@ -113,10 +113,13 @@ class Settings:
     # Circuit breaker on real traffic (sgl-model-gateway's defaults,
     # docs/reliability.md#failing-workers): this many failed turns in a row
     # open it (no pins), after `circuit_open_s` probes test the worker
-    # and `circuit_successes` in a row close it.
+    # and `circuit_successes` in a row close it. Failures the worker answered
+    # open it only if they come from `circuit_sessions` sessions or more, or
+    # its probe fails too (fewer sessions' failures are their requests').
     circuit_failures: int = 5
     circuit_successes: int = 2
     circuit_open_s: float = 30.0
+    circuit_sessions: int = 3
     # The inference engine behind the seam: a name in engines.registry, or
     # "auto" (the token route of the workers' family, chosen at start-up
     # from what they say: engines/resolve.py; docs/engines.md).
@@ -251,6 +254,7 @@ class Settings:
             "healthy_after",
             "circuit_failures",
             "circuit_successes",
+            "circuit_sessions",
             "max_sessions",
             "max_connections",
             "max_segments",
@@ -364,6 +368,8 @@ class Settings:
             circuit_failures=self.circuit_failures,
             circuit_successes=self.circuit_successes,
             circuit_open_s=self.circuit_open_s,
+            circuit_sessions=self.circuit_sessions,
+            worker_pause_wait_s=self.pause_wait_s,
             upstream_max_connections=self.upstream_max_connections,
             upstream_timeout_s=self.upstream_timeout_s,
             connect_timeout_s=self.connect_timeout_s,

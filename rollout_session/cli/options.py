@@ -116,6 +116,12 @@ _SERVER_OPTIONS: tuple[Option, ...] = (
     ("--circuit-failures", "circuit_failures", int, "consecutive failed turns → circuit open"),
     ("--circuit-successes", "circuit_successes", int, "half-open probes → circuit closed"),
     ("--circuit-open-s", "circuit_open_s", float, "seconds open before half-open probes"),
+    (
+        "--circuit-sessions",
+        "circuit_sessions",
+        int,
+        "failed turns of this many sessions open the circuit though its probe passes",
+    ),
     ("--api-key", "api_key", str, "the trainer's key: sessions need it (docs/security.md)"),
     ("--admin-api-key", "admin_api_key", str, "the operator's key: workers, pause, metrics"),
     (

@@ -209,6 +209,7 @@ def _one_model(answers: list[_Answer]) -> None:
 def _agreed(answers: list[_Answer], spec: EngineSpec) -> dict[str, Any]:
     """The launch settings `spec` reads, as the workers that publish them
     agree on them (ValueError naming two that do not)."""
+    text = spec.dialect.settings_text
     published: dict[str, Any] = {}
     first: dict[str, str] = {}
     for answer in answers:
@@ -218,8 +219,8 @@ def _agreed(answers: list[_Answer], spec: EngineSpec) -> dict[str, Any]:
             if name in published and published[name] != value:
                 raise ValueError(
                     f"the workers disagree: {first[name]} runs "
-                    f"{flag_text(name, published[name])}, {answer.url} runs "
-                    f"{flag_text(name, value)}; every worker of a server runs the same"
+                    f"{flag_text(name, published[name], text)}, {answer.url} runs "
+                    f"{flag_text(name, value, text)}; every worker of a server runs the same"
                 )
             published.setdefault(name, value)
             first.setdefault(name, answer.url)
@@ -232,6 +233,7 @@ def _launch(
     """Each launch setting `spec` reads: the flag of its name where one was
     given (it must agree with the workers), else the workers', else the
     engine's default."""
+    text = spec.dialect.settings_text
     launch: dict[str, Any] = {}
     for name, default in spec.worker_settings.items():
         given = spec.canonical(name, getattr(settings, name, None))
@@ -240,12 +242,12 @@ def _launch(
                 "%s: the workers publish no %s; %s is this server's",
                 spec.name,
                 name,
-                flag_text(name, given),
+                flag_text(name, given, text),
             )
         elif given is not None and name in published and published[name] != given:
             raise _Contradicted(
-                f"the workers run {flag_text(name, published[name])}, but "
-                f"{flag_text(name, given)} was given here: start the server without "
+                f"the workers run {flag_text(name, published[name], text)}, but "
+                f"{flag_text(name, given, text)} was given here: start the server without "
                 "it (the workers' own is taken), or the workers with it"
             )
         launch[name] = given if given is not None else published.get(name, default)
@@ -255,6 +257,7 @@ def _launch(
 def _checked(settings: EngineSettings, spec: EngineSpec, published: Mapping[str, Any]) -> Resolved:
     """`spec` over workers that publish these settings, checked (ValueError)."""
     launch = _launch(settings, spec, published)
+    text = spec.dialect.settings_text
     try:
         spec.agrees(settings, launch)
     except ValueError as contradicted:
@@ -262,8 +265,8 @@ def _checked(settings: EngineSettings, spec: EngineSpec, published: Mapping[str,
     for name, value in spec.needs.items():
         if launch.get(name) != value:
             raise ValueError(
-                f"--engine {spec.name} needs workers with {flag_text(name, value)}; "
-                f"they run with {flag_text(name, launch.get(name))}"
+                f"--engine {spec.name} needs workers with {flag_text(name, value, text)}; "
+                f"they run with {flag_text(name, launch.get(name), text)}"
             )
     # Building the settings checks them (the engine's `check`, its flags).
     return _resolved(settings, spec, launch, published)

@@ -16,18 +16,27 @@ resolved server args by field name, ``build_server_info`` →
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import httpcore
 import orjson
 import trio
 
-from ..errors import UpstreamError
-from .pool.client import TRANSPORT_ERRORS, WorkerClient, failure_detail, get_json
-from .pool.dialect import ModelInfo, Probe, WorkerDialect
+from ..errors import UpstreamError, UpstreamMalformed, UpstreamTimeout
+from .pool.client import TRANSPORT_ERRORS, NotSent, WorkerClient, failure_detail, get_json, post
+from .pool.dialect import PROBE_SESSION, ModelInfo, Probe, WorkerDialect
 from .scoring import SGLANG_SCORING
 
-__all__ = ["LAUNCH_SETTINGS", "fetch_model_info", "sglang_dialect", "sglang_setting"]
+__all__ = [
+    "LAUNCH_SETTINGS",
+    "PARSE_ROUTES",
+    "fetch_model_info",
+    "sglang_dialect",
+    "sglang_setting",
+]
 
 # The launch settings an engine depends on, as /server_info names them
 # (the same names as this server's flags): the parsers that parse on the
@@ -117,11 +126,58 @@ def _abort(rids: list[str]) -> list[tuple[str, bytes]]:
     return [("/abort_request", orjson.dumps({"rid": rid})) for rid in rids]
 
 
-def sglang_dialect(probe: Probe) -> WorkerDialect:
-    """SGLang workers, probed on an engine's own route."""
+# Whether a worker serves SGLang's parse routes (`ModelInfo.settings` key):
+# a gateway in front may route /generate but not them (smg answers 404).
+PARSE_ROUTES = "parse_routes"
+
+
+async def _parse_routes(client: WorkerClient, deadline_s: float) -> dict[str, object]:
+    """`PARSE_ROUTES` from the answer to an empty ``/parse_function_call``:
+    SGLang refuses the body (400, ``validation_exception_handler``), a
+    server without the route answers 404; {} when neither says."""
+    try:
+        reply = await post(
+            client,
+            "/parse_function_call",
+            b"{}",
+            session_id=PROBE_SESSION,
+            session_headers=(),
+            timeout_s=deadline_s,
+            max_bytes=1 << 16,
+        )
+    except (NotSent, UpstreamError, UpstreamTimeout, UpstreamMalformed):
+        return {}
+    status = reply.status
+    if status == 404:
+        return {PARSE_ROUTES: False}
+    return {PARSE_ROUTES: True} if status in (400, 422) else {}
+
+
+async def _fetch_with_parse_routes(client: WorkerClient, deadline_s: float) -> ModelInfo:
+    info = await fetch_model_info(client, deadline_s)
+    settings = {**info.settings, **await _parse_routes(client, deadline_s)}
+    return dataclasses.replace(info, settings=settings)
+
+
+# How SGLang's launch settings that are no flag read in a refusal.
+_SETTINGS_TEXT: Mapping[str, Callable[[Any], str]] = MappingProxyType(
+    {
+        PARSE_ROUTES: lambda served: (
+            "SGLang's parse routes (/separate_reasoning, /parse_function_call)"
+            if served
+            else "no parse routes (a gateway in front that does not route them, as smg)"
+        )
+    }
+)
+
+
+def sglang_dialect(probe: Probe, *, parses: bool = False) -> WorkerDialect:
+    """SGLang workers, probed on an engine's own route; with `parses`, whether
+    they serve the parse routes is read too (`PARSE_ROUTES`)."""
     return WorkerDialect(
         name="SGLang",
-        read_model=fetch_model_info,
+        read_model=_fetch_with_parse_routes if parses else fetch_model_info,
+        settings_text=_SETTINGS_TEXT,
         probe=probe,
         # sgl-model-gateway's routing key; SGLang itself ignores it.
         session_headers=(b"x-smg-routing-key",),

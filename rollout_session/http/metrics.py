@@ -71,13 +71,20 @@ class _StateCollector(Collector):
             "(taken as the requests' fault)",
             labels=["worker"],
         )
+        paused = CounterMetricFamily(
+            "rollout_worker_paused_refusals",
+            "Requests it refused because its trainer paused it: waited for its resume "
+            "and sent again (never a failure)",
+            labels=["worker"],
+        )
         for worker in pool.workers.values():
             healthy.add_metric([worker.url], float(worker.healthy))
             fenced.add_metric([worker.url], float(worker.circuit is not Circuit.CLOSED))
             inflight.add_metric([worker.url], worker.inflight)
             pinned.add_metric([worker.url], worker.active_sessions)
             excused.add_metric([worker.url], worker.circuit_excused)
-        yield from (healthy, fenced, inflight, pinned, excused)
+            paused.add_metric([worker.url], worker.paused_refusals)
+        yield from (healthy, fenced, inflight, pinned, excused, paused)
         control = CounterMetricFamily(
             "rollout_control_failures",
             "Best-effort control calls to workers that failed (logged once per worker and call)",

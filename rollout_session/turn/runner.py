@@ -30,6 +30,7 @@ from ..engines.served_model import ServedModel
 from ..errors import (
     InvalidRequest,
     RolloutSessionError,
+    ServerPaused,
     SessionBusy,
     SessionClosing,
     TurnInterrupted,
@@ -252,6 +253,15 @@ class TurnRunner:
         while True:
             try:
                 result = await self.engine.complete(session, request)
+            except ServerPaused:
+                if request.partial is not None:  # its worker stayed paused (by its trainer)
+                    logger.warning(
+                        "session %s: the turn's worker stayed paused past --pause-wait-s; "
+                        "its %d sampled token(s) are dropped and nothing is committed",
+                        session.id,
+                        len(request.partial.ids),
+                    )
+                raise
             except CannotContinue as exc:
                 metrics.interrupted.labels("resampled").inc()
                 logger.info(

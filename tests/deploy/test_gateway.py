@@ -27,6 +27,7 @@ import trio
 
 from rollout_session import Settings, create_app
 from rollout_session.emulator import EmulatorConfig, TextModel
+from rollout_session.engines.resolve import resolve_engine
 from rollout_session.http.app import server_context
 from rollout_session.http.serving import start_server
 from rollout_session.prompt.tokenizer import ChatTokenizer
@@ -280,6 +281,9 @@ async def test_smg_sessions_stick_arrive_intact_and_match_direct(
     behind_smg: GatewayFactory, make_stack: StackFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     stack, gateway = await behind_smg(**SETTINGS)
+    # --engine auto: smg routes /generate but not the parse routes, so the
+    # workers behind it are served on their chat route.
+    assert stack.ctx.side.spec.name == "sglang-chat"
     agents = [Agent(stack, await stack.create(), task) for task in range(4)]
     for _ in range(3):
         async with trio.open_nursery() as nursery:
@@ -401,3 +405,26 @@ async def test_smg_worker_death_then_recovery_keeps_trajectories_exact(
         # Each turn records the worker that was sent exactly its prompt.
         for turn in doc["turns"]:
             assert doc["token_ids"][: turn["completion_start"]] in prompts[turn["worker"]]
+
+
+async def test_sglang_generate_behind_smg_is_refused_naming_the_parse_routes(
+    nursery: trio.Nursery, text_model: TextModel, tmp_path: Path
+) -> None:
+    """smg answers /parse_function_call 404: `sglang-generate` would fail
+    every answer with tool calls, so naming it is refused at start-up."""
+    _require_smg()
+    worker = await spawn_worker(nursery, text_model, EmulatorConfig())
+    gateway = await start_smg(nursery, [worker.url], tmp_path / "smg.log")
+    try:
+        settings = Settings(workers=(gateway.url,), engine="sglang-generate")
+        with pytest.raises(ValueError) as refused:
+            await resolve_engine(
+                settings, settings.workers, tls=TLS, deadline_s=10.0, connect_timeout_s=5.0
+            )
+        assert str(refused.value) == (
+            "--engine sglang-generate needs workers with SGLang's parse routes "
+            "(/separate_reasoning, /parse_function_call); they run with no parse routes "
+            "(a gateway in front that does not route them, as smg)"
+        )
+    finally:
+        await gateway.client.aclose()

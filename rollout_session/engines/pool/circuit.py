@@ -5,14 +5,18 @@ answers over ``--max-answer-mb``, and answers that fail validation — open a
 worker's circuit (no pins). A failure the worker *answered* (a 5xx, an
 oversize or invalid answer) may be the request's doing, not the worker's:
 one agent's hostile requests must not shut a worker off for every session.
-So when the count is reached by such a failure, the breaker first sends the
-dialect's one-token probe: if the worker answers it, the failures are taken
-as the requests' (logged, the count starts over, the circuit stays closed);
-if not, the circuit opens. After ``circuit_open_s`` it is half-open: the
-breaker itself sends probes (agents' turns never test a worker) until
-``circuit_successes`` in a row close it or one failure reopens it. Timeouts
-and 4xx answers count neither way: a long generation is not a dead worker,
-and a 4xx is the request's fault.
+So the breaker asks who failed: failures spread over ``circuit_sessions``
+sessions or more are the worker's (a worker that fails real prompts, out
+of memory, while a one-token probe passes), and open the circuit; fewer
+sessions' failures (one agent's) first get the dialect's one-token probe:
+if the worker answers it, they are taken as the requests' (logged, the
+count starts over, the circuit stays closed); if not, the circuit opens.
+After ``circuit_open_s`` it is half-open: the breaker itself sends probes
+(agents' turns never test a worker) until ``circuit_successes`` in a row
+close it or one failure reopens it. Timeouts and 4xx answers count neither
+way: a long generation is not a dead worker, and a 4xx is the request's
+fault. A worker that passes probes but fails real prompts is let back by
+its half-open probes, and taken out again by the next sessions' failures.
 """
 
 from __future__ import annotations
@@ -48,18 +52,24 @@ class Breaker:
         """`worker` answered a request with a 200 that passed its check."""
         if worker.circuit is Circuit.CLOSED:
             worker.circuit_failures = 0
+            worker.failing_sessions.clear()
 
-    def failed(self, worker: Worker, reason: str, *, answered: bool) -> None:
-        """A request failed at `worker`; `answered`: the worker answered (a
-        5xx, an oversize or invalid answer), which the request may have
-        caused, rather than the connection failing."""
+    def failed(self, worker: Worker, reason: str, *, answered: bool, session: str) -> None:
+        """A request of `session` failed at `worker`; `answered`: the worker
+        answered (a 5xx, an oversize or invalid answer), which the request
+        may have caused, rather than the connection failing."""
         worker.last_error = f"turn: {reason}"
         if worker.circuit is not Circuit.CLOSED:
             return  # a request sent before the circuit opened
         worker.circuit_failures += 1
+        worker.failing_sessions.add(session)
         if worker.circuit_failures < self._options.circuit_failures:
             return
-        if not answered or not self._start_probe(worker, self._confirm_failures):
+        spread = len(worker.failing_sessions)
+        if spread >= self._options.circuit_sessions:
+            worker.last_error += f" (failed turns of {spread} sessions in a row)"
+            self._open(worker)
+        elif not answered or not self._start_probe(worker, self._confirm_failures):
             self._open(worker)
 
     def test(self, worker: Worker) -> None:
@@ -77,6 +87,7 @@ class Breaker:
             self._start_probe(worker, self._half_open_probed)
 
     def _open(self, worker: Worker) -> None:
+        worker.failing_sessions.clear()
         worker.circuit = Circuit.OPEN
         worker.circuit_opened_at = trio.current_time()
         worker.circuit_successes = 0
@@ -149,6 +160,7 @@ class Breaker:
             worker.last_error,
         )
         worker.circuit_failures = 0
+        worker.failing_sessions.clear()
         self._members.notify()
 
     def _half_open_probed(self, worker: Worker, reason: str | None) -> None:

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..scoring import ScoringDialect
-from .client import WorkerClient
+from .client import UpstreamReply, WorkerClient
 
 __all__ = ["ANY_VOCAB", "PROBE_SESSION", "ModelInfo", "Probe", "WorkerDialect"]
 
@@ -72,3 +72,16 @@ class WorkerDialect:
     abort_requests: Callable[[list[str]], list[tuple[str, bytes]]]
     # How a worker scores a token sequence without sampling (a rescore).
     scoring: ScoringDialect
+    # A refusal because the worker is paused by someone else (vLLM's 503
+    # "Generation is paused"): sent again once it resumes (`pool.paused`);
+    # None where a paused worker holds requests instead (SGLang).
+    paused: Callable[[UpstreamReply], bool] | None = None
+    # Where the worker says whether it is paused, and how to read the
+    # answer (vLLM's GET /is_paused → `is_paused`); with `paused`.
+    pause_status: tuple[str, Callable[[Mapping[str, Any]], object]] | None = None
+    # How a launch setting that is no flag of the worker's reads in a
+    # refusal ("runs <text>"), by `ModelInfo.settings` name; a flag's name
+    # is written as the flag (`health.flag_text`).
+    settings_text: Mapping[str, Callable[[Any], str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )

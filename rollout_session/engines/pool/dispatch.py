@@ -17,7 +17,9 @@ whatever it did with it.
 What counts on the circuit: transport errors (not timeouts: slowness is
 not death), 5xx answers, answers over ``--max-answer-mb`` and answers that
 fail their check count as failures; a 200 that passes its check is a
-success; a 200 sent without a check, and every 4xx, count neither way.
+success; a 200 sent without a check, and every 4xx, count neither way. A
+refusal because the worker's trainer paused it is neither: the request
+waits for the worker to resume and is sent again (`paused.Pauses`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import trio
+
 from ...errors import NoHealthyWorker, UpstreamError, UpstreamMalformed
 from ..base import EngineSession, Validation
 from .circuit import Breaker
@@ -35,6 +39,7 @@ from .health import HealthChecks
 from .interrupts import Interrupts
 from .membership import Membership
 from .options import PoolOptions
+from .paused import Pauses
 from .placement import Placer
 from .worker import Worker
 
@@ -103,6 +108,7 @@ class Dispatch:
         breaker: Breaker,
         health: HealthChecks,
         interrupts: Interrupts,
+        pauses: Pauses,
         validation: Validation,
     ) -> None:
         self._members = members
@@ -111,6 +117,7 @@ class Dispatch:
         self._breaker = breaker
         self._health = health
         self._interrupts = interrupts
+        self._pauses = pauses
         self._validation = validation
 
     async def send(self, session: EngineSession, request: WorkerRequest[T]) -> Sent[T]:
@@ -130,7 +137,9 @@ class Dispatch:
             answer = await self._validation.validate(check.run, reply.body, check.arg, cost)
         except UpstreamMalformed as exc:
             if worker is not None:
-                self._breaker.failed(worker, f"{exc.kind}: {exc.message}", answered=True)
+                self._breaker.failed(
+                    worker, f"{exc.kind}: {exc.message}", answered=True, session=session.id
+                )
             raise
         if worker is not None:
             self._breaker.succeeded(worker)
@@ -172,6 +181,26 @@ class Dispatch:
     async def _post(
         self, worker: Worker, session_id: str, request: WorkerRequest[Any]
     ) -> UpstreamReply:
+        """One exchange with `worker`; a refusal because someone else paused
+        it is waited out and the request sent again (`paused.Pauses`)."""
+        paused = self._options.dialect.paused
+        deadline = trio.current_time() + self._options.worker_pause_wait_s
+        while True:
+            reply = await self._post_once(worker, session_id, request)
+            if paused is None or not paused(reply):
+                self._pauses.ended(worker)
+                break
+            await self._pauses.wait(worker, deadline)
+        if reply.status >= 500:
+            logger.info("worker %s answered a request with %d", worker.url, reply.status)
+            self._breaker.failed(
+                worker, f"answered a turn with {reply.status}", answered=True, session=session_id
+            )
+        return reply
+
+    async def _post_once(
+        self, worker: Worker, session_id: str, request: WorkerRequest[Any]
+    ) -> UpstreamReply:
         options = self._options
         worker.started(request.request_id)
         try:
@@ -186,14 +215,11 @@ class Dispatch:
             )
         except (NotSent, UpstreamError) as exc:
             # UpstreamTimeout is not caught here: slowness is not death.
-            self._breaker.failed(worker, str(exc), answered=False)
+            self._breaker.failed(worker, str(exc), answered=False, session=session_id)
             raise
         except UpstreamMalformed as exc:  # an answer over --max-answer-mb
-            self._breaker.failed(worker, str(exc), answered=True)
+            self._breaker.failed(worker, str(exc), answered=True, session=session_id)
             raise
         finally:
             worker.finished(request.request_id)
-        if reply.status >= 500:
-            logger.info("worker %s answered a request with %d", worker.url, reply.status)
-            self._breaker.failed(worker, f"answered a turn with {reply.status}", answered=True)
         return reply

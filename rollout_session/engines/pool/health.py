@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -57,8 +58,13 @@ def differences(
     ]
 
 
-def flag_text(name: str, value: Any) -> str:
-    """A launch setting as its flag on a command line."""
+def flag_text(
+    name: str, value: Any, described: Mapping[str, Callable[[Any], str]] = MappingProxyType({})
+) -> str:
+    """A launch setting as its flag on a command line, or as `described`
+    (the dialect's `settings_text`) says it where it is no flag."""
+    if name in described:
+        return described[name](value)
     flag = "--" + name.replace("_", "-")
     if isinstance(value, bool):
         return flag if value else f"no {flag}"
@@ -70,16 +76,23 @@ def settings_problem(
     expected: Mapping[str, Any],
     served: Mapping[str, Any],
     supplied: frozenset[str] = frozenset(),
+    described: Mapping[str, Callable[[Any], str]] = MappingProxyType({}),
 ) -> str | None:
     """Why a worker with these launch `settings` cannot join: one that
     contradicts what the server expects, or (for a setting the server
     expects nothing of) what the pool's first worker runs, naming both
     values; None when none does."""
     for name, got, want in differences(settings, expected, supplied):
-        return f"runs {flag_text(name, got)}, where this server expects {flag_text(name, want)}"
+        return (
+            f"runs {flag_text(name, got, described)}, where this server expects "
+            f"{flag_text(name, want, described)}"
+        )
     unexpected = {k: v for k, v in served.items() if k not in expected}
     for name, got, want in differences(settings, unexpected):
-        return f"runs {flag_text(name, got)}, where the pool's workers run {flag_text(name, want)}"
+        return (
+            f"runs {flag_text(name, got, described)}, where the pool's workers run "
+            f"{flag_text(name, want, described)}"
+        )
     return None
 
 
@@ -225,7 +238,11 @@ class HealthChecks:
                 listed = ", ".join(card.models)
                 self._record(worker, ok=False, reason=f"serves {listed}, not {served}")
             elif problem := settings_problem(
-                card.settings, expected, self.served.settings, supplied
+                card.settings,
+                expected,
+                self.served.settings,
+                supplied,
+                self._dialect.settings_text,
             ):
                 self._record(worker, ok=False, reason=problem)
             else:

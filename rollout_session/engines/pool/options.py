@@ -29,6 +29,9 @@ class PoolOptions:
     circuit_failures: int
     circuit_successes: int
     circuit_open_s: float
+    # Failed turns of this many sessions in a row open the circuit though
+    # its probe passes (`circuit.Breaker`).
+    circuit_sessions: int
     upstream_max_connections: int
     upstream_timeout_s: float
     connect_timeout_s: float
@@ -41,6 +44,9 @@ class PoolOptions:
     # (`ModelInfo.settings`): the engine's needs and the flags the server
     # was given (a worker that says otherwise is not admitted).
     expected_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # How long a request waits for a worker paused by someone else
+    # (`paused.Pauses`; the server's --pause-wait-s).
+    worker_pause_wait_s: float = 30.0
     # Those of them a worker may run without (`EngineSpec.supplied`).
     supplied_settings: frozenset[str] = frozenset()
 

@@ -38,6 +38,7 @@ from .health import HealthChecks
 from .interrupts import Interrupts
 from .membership import Membership
 from .options import PoolOptions
+from .paused import Pauses
 from .placement import Placer
 from .worker import Worker
 
@@ -82,7 +83,10 @@ class WorkerPool:
         breaker = self._breaker = Breaker(members, options, health)
         placer = self._placer = Placer(members, options, moved=control.close_remote)
         interrupts = self._interrupts = Interrupts(members, options, self._probe_client, control)
-        self._dispatch = Dispatch(members, options, placer, breaker, health, interrupts, validation)
+        pauses = Pauses(members, options)
+        self._dispatch = Dispatch(
+            members, options, placer, breaker, health, interrupts, pauses, validation
+        )
 
     # -- engines --------------------------------------------------------------------
 

@@ -58,6 +58,10 @@ class Worker:
     consecutive_successes: int = 0
     # Failed turns in a row while closed; probes passed while half-open.
     circuit_failures: int = 0
+    # The sessions those failed turns came from: failures spread over
+    # several take the worker out even when its probe passes (a sick
+    # worker); one session's never do (its requests' fault).
+    failing_sessions: set[str] = field(default_factory=set)
     circuit_successes: int = 0
     circuit_opened_at: float = 0.0  # trio.current_time()
     # A probe request is in flight: testing a half-open circuit, or
@@ -66,6 +70,9 @@ class Worker:
     # Times answered failures reached `circuit_failures` but the probe
     # passed: the requests' fault, not the worker's (circuit stays closed).
     circuit_excused: int = 0
+    # Requests it refused because someone else paused it: waited out and
+    # sent again (`paused.Pauses`), never counted as failures.
+    paused_refusals: int = 0
     # The served model, once an admission check saw it listed.
     model: str | None = None
     # --kv-sessions hint: whether its /server_info says it honours session
@@ -122,6 +129,7 @@ class Worker:
             "consecutive_failures": self.consecutive_failures,
             "circuit_failures": self.circuit_failures,
             "circuit_excused": self.circuit_excused,
+            "paused_refusals": self.paused_refusals,
             "last_error": self.last_error,
             "last_checked_at": self.last_checked_at,
             "control_failures": dict(self.control_failures),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..base import Engine
 from ..kv_sessions import KvMode
-from ..sglang_workers import sglang_setting
+from ..sglang_workers import PARSE_ROUTES, sglang_setting
 from ..spec import EngineFlag, EngineParts, EngineSettings, EngineSpec
 from .parsers import Parsers
 from .workers import SGLANG_GENERATE_WORKERS
@@ -58,12 +58,17 @@ SPEC = EngineSpec(
         "tool_call_parser": None,
         "reasoning_parser": None,
         "skip_tokenizer_init": False,
+        PARSE_ROUTES: True,
     },
     # The parse routes take the parser's name per request, so a worker
     # launched without parsers (verl launches SGLang so) is served with this
     # server's `--tool-call-parser`/`--reasoning-parser`.
     supplied=frozenset({"tool_call_parser", "reasoning_parser"}),
     canonical=sglang_setting,
+    # Answers are parsed by the worker's /separate_reasoning and
+    # /parse_function_call; a gateway that does not route them (smg) gets
+    # `auto`'s fallback, the chat route.
+    needs={PARSE_ROUTES: True},
     auto=True,
     # Parsers this engine does not reproduce (gpt-oss's) still parse exactly
     # on the chat route, which needs a tokenizer (its `needs`).

@@ -40,4 +40,7 @@ def _check_probe(body: bytes) -> object:
     return check_generate_answer(body, _PROBE_CHECK)
 
 
-SGLANG_GENERATE_WORKERS = sglang_dialect(Probe(GENERATE_PATH, generate_probe_body, _check_probe))
+# Its answers are parsed on the same worker: it must serve the parse routes.
+SGLANG_GENERATE_WORKERS = sglang_dialect(
+    Probe(GENERATE_PATH, generate_probe_body, _check_probe), parses=True
+)

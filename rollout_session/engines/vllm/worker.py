@@ -23,7 +23,15 @@ import orjson
 import trio
 
 from ...errors import UpstreamError, UpstreamMalformed, UpstreamTimeout, WorkerUnfit
-from ..pool.client import TRANSPORT_ERRORS, NotSent, WorkerClient, failure_detail, get_json, post
+from ..pool.client import (
+    TRANSPORT_ERRORS,
+    NotSent,
+    UpstreamReply,
+    WorkerClient,
+    failure_detail,
+    get_json,
+    post,
+)
 from ..pool.dialect import PROBE_SESSION, ModelInfo, Probe, WorkerDialect
 from ..scoring import VLLM_SCORING
 from .answer import check_vllm_probe
@@ -254,6 +262,16 @@ async def _tool_parsing(client: WorkerClient, model: str, deadline_s: float) -> 
     return {TOOL_PARSING: True, TOOL_SKIP_SPECIAL_TOKENS: bool(skip)}
 
 
+# vLLM 0.33's answer to a request submitted while /pause (abort or wait
+# mode) holds: core.py `_reject_add_while_paused`'s retryable RequestError,
+# an HTTP 503 (docs/research/vllm-0.33-generate-answer.md §4).
+_PAUSED_MESSAGE = "Generation is paused"
+
+
+def _paused(reply: UpstreamReply) -> bool:
+    return reply.status == 503 and _PAUSED_MESSAGE in _error_message(reply.body)
+
+
 def _abort(request_ids: list[str]) -> list[tuple[str, bytes]]:
     # The token route's engine id is "generate-tokens-<request_id>"
     # (token_in_token_out/serving.py `serve_tokens`); abort_requests takes a
@@ -269,4 +287,16 @@ VLLM_WORKERS = WorkerDialect(
     session_headers=_SESSION_HEADERS,
     abort_requests=_abort,
     scoring=VLLM_SCORING,
+    paused=_paused,
+    # entrypoints/rl/online/api_router.py `is_paused` (VLLM_SERVER_DEV_MODE).
+    pause_status=("/is_paused", lambda answer: answer.get("is_paused")),
+    settings_text={
+        SAMPLING_DEFAULTS: lambda defaults: f"the chat-route sampling defaults {defaults}",
+        TOOL_PARSING: lambda parses: (
+            "tool-call parsing (--enable-auto-tool-choice --tool-call-parser)"
+            if parses
+            else "no tool-call parsing"
+        ),
+        TOOL_SKIP_SPECIAL_TOKENS: lambda skip: f"skip_special_tokens {skip} on tool requests",
+    },
 )

@@ -3,8 +3,9 @@
 ``--circuit-failures`` failed turns in a row (a 5xx, a transport error, an
 answer over ``--max-answer-mb``, an answer failing validation) open its
 circuit: no new pins, and its sessions re-pin on their next turn. Failures
-the worker answered open it only once its chat probe fails too: one agent's
-requests that make a worker fail are not the worker's fault. After
+the worker answered open it when they come from ``--circuit-sessions``
+sessions, or once its chat probe fails too: one agent's requests that make
+a worker fail are not the worker's fault. After
 ``--circuit-open-s`` the pool probes its chat route; ``--circuit-successes``
 passed probes in a row close the circuit, a failed one reopens it.
 """
@@ -198,3 +199,31 @@ async def test_one_agents_failing_requests_do_not_fence_the_worker(
     metrics = (await stack.client.get("/metrics")).text
     excused = f'rollout_worker_circuit_excused_total{{worker="{worker.url}"}} '
     assert f"{excused}{float(worker.circuit_excused)}" in metrics
+
+
+async def test_a_worker_failing_real_prompts_but_passing_its_probe_is_fenced(
+    make_stack: StackFactory,
+) -> None:
+    """A sick worker (out of memory on real prompts) answers the one-token
+    probe: its failures, from several sessions, open its circuit anyway,
+    and new sessions go to the healthy worker. (One session's failures are
+    still excused: the test above.)"""
+    stack = await make_stack(num_workers=2, circuit_open_s=3600, **FAST)
+    sick = pool_worker(stack, 0)
+
+    def real_prompt(body: Any) -> bool:  # the probe asks for one token of one id
+        return isinstance(body, dict) and body.get("input_ids") != [0]
+
+    stack.workers[0].emulator.faults = FaultPicker("http_500", 1.0, 0, only=real_prompt)
+    # Sessions go to the least loaded worker: every other one lands on the sick one.
+    failed = 0
+    while sick.circuit is Circuit.CLOSED:
+        response = await stack.chat(await stack.create(), messages=USER)
+        failed += response.status_code == 500
+        assert failed <= N, "the sick worker was never fenced"
+    assert failed == N and sick.circuit_excused == 0
+    assert "failed turns of" in str(sick.last_error)
+    assert not sick.probing  # opened without asking the probe
+    for _ in range(8):
+        response = await stack.chat(await stack.create(), messages=USER)
+        assert response.status_code == 200, response.text

@@ -63,6 +63,7 @@ def options(**changes: Any) -> PoolOptions:
         circuit_failures=3,
         circuit_successes=2,
         circuit_open_s=30.0,
+        circuit_sessions=3,
         upstream_max_connections=4,
         upstream_timeout_s=10.0,
         connect_timeout_s=2.0,

@@ -50,12 +50,12 @@ async def test_transport_failures_open_it_at_the_count(
     origin: Origin, admitted: Callable[..., Awaitable[Parts]]
 ) -> None:
     _, breaker, worker = await admitted(circuit_failures=3)
-    breaker.failed(worker, "refused", answered=False)
-    breaker.failed(worker, "refused", answered=False)
+    breaker.failed(worker, "refused", answered=False, session="s")
+    breaker.failed(worker, "refused", answered=False, session="s")
     breaker.succeeded(worker)  # a success in between starts the count over
     assert worker.circuit_failures == 0
     for _ in range(3):
-        breaker.failed(worker, "refused", answered=False)
+        breaker.failed(worker, "refused", answered=False, session="s")
     assert worker.circuit is Circuit.OPEN and worker.last_error == "turn: refused"
     assert b"/probe" not in paths(origin)  # a dead connection is not excused
 
@@ -65,7 +65,7 @@ async def test_answered_failures_are_excused_when_the_probe_passes(
 ) -> None:
     members, breaker, worker = await admitted(circuit_failures=2)
     for _ in range(2):
-        breaker.failed(worker, "answered 500", answered=True)
+        breaker.failed(worker, "answered 500", answered=True, session="s")
     assert worker.probing and worker.circuit is Circuit.CLOSED
     await members.wait_until(lambda: worker.circuit_excused == 1)
     assert worker.circuit is Circuit.CLOSED and worker.circuit_failures == 0
@@ -78,7 +78,7 @@ async def test_answered_failures_open_it_when_the_probe_fails(
     origin.routes[b"/probe"] = (500, b"{}")
     members, breaker, worker = await admitted(circuit_failures=2)
     for _ in range(2):
-        breaker.failed(worker, "answered 500", answered=True)
+        breaker.failed(worker, "answered 500", answered=True, session="s")
     await members.wait_until(lambda: worker.circuit is Circuit.OPEN)
     assert worker.last_error == "turn: answered 500; probe answered 500"
 
@@ -94,7 +94,7 @@ async def test_half_open_probes_close_it_or_reopen_it(
     members, breaker, worker = await admitted(
         circuit_failures=1, circuit_successes=2, circuit_open_s=30.0
     )
-    breaker.failed(worker, "refused", answered=False)
+    breaker.failed(worker, "refused", answered=False, session="s")
     assert circuit_of(worker) is Circuit.OPEN
     breaker.test(worker)
     assert circuit_of(worker) is Circuit.OPEN  # not open long enough
@@ -115,3 +115,31 @@ async def test_half_open_probes_close_it_or_reopen_it(
         )
     assert circuit_of(worker) is Circuit.CLOSED
     assert paths(origin).count(b"/probe") == 3
+
+
+async def test_failures_of_several_sessions_open_it_though_the_probe_passes(
+    origin: Origin, admitted: Callable[..., Awaitable[Parts]]
+) -> None:
+    """A worker that fails real prompts (out of memory) but answers the
+    one-token probe: its failures come from many sessions."""
+    _, breaker, worker = await admitted(circuit_failures=3, circuit_sessions=3)
+    for session in ("a", "b", "c"):
+        breaker.failed(worker, "answered 500", answered=True, session=session)
+    assert worker.circuit is Circuit.OPEN and not worker.probing
+    assert worker.last_error == "turn: answered 500 (failed turns of 3 sessions in a row)"
+    assert b"/probe" not in paths(origin)
+
+
+async def test_fewer_sessions_failures_are_probed_and_excused(
+    origin: Origin, admitted: Callable[..., Awaitable[Parts]]
+) -> None:
+    members, breaker, worker = await admitted(circuit_failures=3, circuit_sessions=3)
+    for session in ("a", "b", "a"):
+        breaker.failed(worker, "answered 500", answered=True, session=session)
+    await members.wait_until(lambda: worker.circuit_excused == 1)
+    assert worker.circuit is Circuit.CLOSED and not worker.failing_sessions
+    # A success in between forgets who failed.
+    breaker.failed(worker, "answered 500", answered=True, session="a")
+    breaker.failed(worker, "answered 500", answered=True, session="b")
+    breaker.succeeded(worker)
+    assert worker.circuit_failures == 0 and not worker.failing_sessions
