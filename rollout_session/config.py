@@ -24,6 +24,7 @@ from .prompt.messages import KNOWN_ROLES
 from .session.segments import OnDivergence, PromptMode
 from .session.store import JournalOptions
 from .turn.interrupted import OnAbort
+from .turn.limits import TurnLimits
 from .turn.plan import TurnPolicy
 from .turn.sampling import OnSamplingConflict
 
@@ -80,6 +81,15 @@ class Settings:
     # Segments per session: each holds up to a context of tokens, so this
     # bounds a session's memory (docs/reliability.md).
     max_segments: int = 1000
+    # The text a session keeps (every segment's messages, reasoning and
+    # fields the template never renders included, its tools, template kwargs
+    # and metadata), in MiB: token caps do not see text that is never
+    # rendered (docs/reliability.md#what-a-session-keeps). None = unbounded.
+    max_session_mb: float | None = 64.0
+    # Messages (Responses input items) a request may carry; as many content
+    # parts and tool calls over them, and as many tools: counted before
+    # anything is built (docs/security.md#request-bodies).
+    max_messages: int = 10_000
     # Model context in tokens; None = the worker's `max_model_len` if it reports one.
     context_length: int | None = None
     upstream_timeout_s: float = 600.0
@@ -221,6 +231,8 @@ class Settings:
         _positive("max_body_mb", self.max_body_mb)
         if self.max_answer_mb is not None:
             _positive("max_answer_mb", self.max_answer_mb)
+        if self.max_session_mb is not None:
+            _positive("max_session_mb", self.max_session_mb)
         _positive("circuit_open_s", self.circuit_open_s)
         _positive("health_interval_s", self.health_interval_s)
         _positive("health_timeout_s", self.health_timeout_s)
@@ -258,6 +270,7 @@ class Settings:
             "max_sessions",
             "max_connections",
             "max_segments",
+            "max_messages",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -306,6 +319,10 @@ class Settings:
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
+
+    @property
+    def max_session_bytes(self) -> int | None:
+        return None if self.max_session_mb is None else int(self.max_session_mb * 1024 * 1024)
 
     @property
     def max_answer_bytes(self) -> int:
@@ -399,6 +416,10 @@ class Settings:
             max_continuations=self.max_continuations,
             on_sampling_conflict=OnSamplingConflict(self.on_sampling_conflict),
         )
+
+    def turn_limits(self) -> TurnLimits:
+        """What a session may keep and a request may carry beyond tokens."""
+        return TurnLimits(max_session_bytes=self.max_session_bytes, max_messages=self.max_messages)
 
     def journal_options(self) -> JournalOptions | None:
         if self.journal is None:

@@ -11,7 +11,7 @@ Tree::
     RolloutSessionError
     ├── ClientError (4xx, the request is at fault)
     │   ├── InvalidRequest (TemplateCannotExtend), TrajectoryDiverged,
-│   │   ContextLengthExceeded
+    │   │   TooManySegments, ContextLengthExceeded, SessionTooLarge
     │   ├── Unauthorized, PermissionDenied, RouteNotFound, MethodNotAllowed
     │   ├── SessionNotFound, SessionClosing, SessionBusy, SessionExists
     │   ├── RequestTooLarge, TooManySessions, WorkerExists, WorkerNotFound
@@ -48,6 +48,7 @@ __all__ = [
     "SessionClosing",
     "SessionExists",
     "SessionNotFound",
+    "SessionTooLarge",
     "ShardUnavailable",
     "TemplateCannotExtend",
     "TooManySegments",
@@ -145,6 +146,15 @@ class TooManySegments(ClientError):
 
 class ContextLengthExceeded(ClientError):
     code = "context_length_exceeded"
+
+
+class SessionTooLarge(ClientError):
+    """A request would make its session keep more text than --max-session-mb
+    (messages of every segment, reasoning and fields the template never
+    renders included): token caps do not see text that is never rendered,
+    so this bounds a session's memory and journal. Nothing was stored."""
+
+    code = "session_too_large"
 
 
 class Unauthorized(ClientError):

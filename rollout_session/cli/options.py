@@ -77,6 +77,20 @@ _SERVER_OPTIONS: tuple[Option, ...] = (
     ("--max-rollback-turns", "max_rollback_turns", int, "turns --on-divergence rollback drops"),
     ("--prompt-mode", "prompt_mode", str, "tito (token-in/token-out) or render (whole request)"),
     ("--max-segments", "max_segments", int, "segments per session; more → 400"),
+    (
+        "--max-session-mb",
+        "max_session_mb",
+        _optional_float,
+        "text a session keeps, MiB (every segment's messages, reasoning, tools, kwargs, "
+        "metadata; 'none' = unbounded); more → 400 session_too_large",
+    ),
+    (
+        "--max-messages",
+        "max_messages",
+        int,
+        "messages a request may carry (and as many content parts, tool calls, tools), "
+        "counted before parsing; more → 400",
+    ),
     ("--session-header", "session_header", str, "header naming the session on /v1 at the root"),
     ("--context-length", "context_length", int, "model context (default: from worker)"),
     (

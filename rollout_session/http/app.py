@@ -10,6 +10,7 @@ raise with the edge's `error_response`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 from types import TracebackType
@@ -36,6 +37,7 @@ from ..session.session import SessionRegistry
 from ..session.store import SessionStore
 from ..turn.offload import Offload
 from ..turn.pause import PauseGate
+from ..turn.request import count_items
 from ..turn.rescore import Rescorer
 from ..turn.runner import TurnRunner
 from ..turn.validator import AnswerValidator
@@ -166,6 +168,7 @@ def create_app(
             tokenizer=tokenizer,
             model=side.model,
             policy=settings.turn_policy(in_place_roles),
+            limits=settings.turn_limits(),
         )
 
     quart_log_exception = app.log_exception
@@ -214,6 +217,8 @@ def create_app(
         fast_routes=[chat_route(ctx), responses_route(ctx), *messages_routes(ctx)],
         authorize=gate.check if gate is not None else None,
         max_body_bytes=settings.max_body_bytes,
+        # Counted before any protocol parses a model route's body.
+        check_body=functools.partial(count_items, limit=settings.max_messages),
         sessions=sessions,
         redirect=fleet.redirect if fleet is not None else None,
     )

@@ -19,7 +19,9 @@ Quart's and the fast chat route alike, it owns:
   app's `authorize` (`auth.Gate`: which key reaches which route) before
   the route is matched, so an unknown path is 401 too;
 - **the request body**: read whole before any handler runs, up to the body
-  limit (413 ``request_too_large``) and within `BODY_TIMEOUT_S` (400);
+  limit (413 ``request_too_large``) and within `BODY_TIMEOUT_S` (400); on a
+  fast route, what it holds is checked before the route parses it
+  (`check_body`: the app's ``turn.request.count_items``, 400);
 - **error rendering**: every failure as the OpenAI error body of
   `errors.py` (`error_response`, which Quart's error handler uses too), or
   on a fast route of another protocol in its shape (`FastRoute.render_error`),
@@ -227,6 +229,8 @@ class HttpEdge:
     `authorize` (method, path below the root path or None, the
     ``Authorization`` header, the ``x-api-key`` header) raises the error to answer with when the
     request's key does not reach its route; None: no route needs a key.
+    `check_body` raises the error to answer a fast route's body with before
+    the route parses it (what it holds: too many messages, ...).
     """
 
     def __init__(
@@ -239,8 +243,10 @@ class HttpEdge:
         max_body_bytes: int,
         sessions: SessionRouting | None = None,
         redirect: Redirect | None = None,
+        check_body: Callable[[bytes], None] | None = None,
     ) -> None:
         self._app = app
+        self._check_body = check_body
         self._redirect = redirect
         self._routes = routes
         self._fast = tuple(fast_routes)
@@ -421,6 +427,8 @@ class HttpEdge:
             # A disconnect cancels the handler, as Quart-Trio does for its own.
             nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
             try:
+                if self._check_body is not None:
+                    self._check_body(body)
                 response = await fast.handle(arg, body)
             except Exception as exc:  # every failure gets the error body
                 response = (fast.render_error or error_response)(exc)

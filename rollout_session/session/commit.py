@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from ..errors import InvariantViolated, SessionClosing
 from ..prompt.messages import Message
 from ..tokens import IdArray, LogprobArray, VersionSpan
+from .conversation import Record
 from .segments import Branch, Rollback, Segment
 from .session import Session, SessionState, TurnSlot
 from .trajectory import Checkpoint, Continuation, Turn
@@ -38,6 +39,10 @@ class TurnPlan:
     rollback: Rollback | None = None  # set exactly when keep_turns < the segment's turns
     # Set when the turn starts a new segment (keep_turns is then 0 of it).
     branch: Branch | None = None
+    # The records of the messages the turn adds (those after the kept ones,
+    # all of them in a new segment), encoded when the plan was measured
+    # (`turn.limits.keep_bytes`); None: the commit encodes them.
+    encoded: tuple[Record, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,10 +110,11 @@ def commit_turn(
         experts_width=sampled.experts[1] if sampled.experts else None,
     )
     # Only the new messages are encoded: O(new), not O(history).
-    session.conversation = session.conversation.spliced(
-        kept,
-        [*plan.messages[kept:], sampled.message],
+    # The plan's own were encoded when it was measured (after `kept`, as here).
+    new = (
+        [sampled.message] if plan.encoded is not None else [*plan.messages[kept:], sampled.message]
     )
+    session.conversation = session.conversation.spliced(kept, new, encoded=plan.encoded or ())
     session.tools = plan.tools
     session.template_kwargs = plan.kwargs
     session.model = sampled.model or session.model

@@ -28,6 +28,11 @@ stored conversation per turn.
 
 A `Conversation` is immutable: commits build a new one, so holding a
 reference is a snapshot (export relies on it).
+
+It also knows the bytes its texts take (`text_bytes`: each string and bytes
+object a record keeps, as `sys.getsizeof` counts it), kept up to date in
+O(new) by each splice: what a session's byte budget counts of its messages,
+rendered or not (docs/reliability.md#what-a-session-keeps).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import orjson
 
 from ..prompt.messages import Message
 
-__all__ = ["Conversation", "Record"]
+__all__ = ["Conversation", "Record", "encode", "record_bytes"]
 
 _CONTENT = "content"
 _REASONING = "reasoning_content"
@@ -92,6 +97,26 @@ def _record(message: Message) -> Record:
     )
 
 
+def encode(messages: Iterable[Message]) -> tuple[Record, ...]:
+    """The records `messages` would be stored as (a splice takes them as they are)."""
+    return tuple(_record(m) for m in messages)
+
+
+def record_bytes(records: Iterable[Record]) -> int:
+    """The bytes the records' texts take: every string and bytes object they
+    keep (`sys.getsizeof`: the text plus about 50 bytes of header each)."""
+    size = 0
+    for _, content, reasoning, calls, rest in records:
+        size += sys.getsizeof(rest)
+        if content is not None:
+            size += sys.getsizeof(content)
+        if reasoning is not None:
+            size += sys.getsizeof(reasoning)
+        if calls is not None:
+            size += sys.getsizeof(calls)
+    return size
+
+
 def _message(record: Record) -> Message:
     _, content, reasoning, _, rest = record
     message: Message = orjson.loads(rest)
@@ -124,15 +149,17 @@ def _same(record: Record, incoming: Message) -> bool:
 class Conversation:
     """The stored messages of a session, as records."""
 
-    __slots__ = ("_records",)
+    __slots__ = ("_bytes", "_records")
 
     def __init__(self, messages: Iterable[Message] = ()) -> None:
-        self._records: tuple[Record, ...] = tuple(_record(m) for m in messages)
+        self._records: tuple[Record, ...] = encode(messages)
+        self._bytes = record_bytes(self._records)
 
     @classmethod
-    def _of(cls, records: tuple[Record, ...]) -> Conversation:
+    def _of(cls, records: tuple[Record, ...], nbytes: int) -> Conversation:
         new = cls()
         new._records = records
+        new._bytes = nbytes
         return new
 
     def __len__(self) -> int:
@@ -150,9 +177,24 @@ class Conversation:
         """One stored message, as a fresh dict."""
         return _message(self._records[index])
 
-    def spliced(self, keep: int, new: Iterable[Message]) -> Conversation:
-        """The first `keep` messages followed by `new` (encoded once, here)."""
-        return self._of(self._records[:keep] + tuple(_record(m) for m in new))
+    @property
+    def text_bytes(self) -> int:
+        """The bytes the stored texts take (`record_bytes` of every record)."""
+        return self._bytes
+
+    def spliced(
+        self, keep: int, new: Iterable[Message] = (), *, encoded: tuple[Record, ...] = ()
+    ) -> Conversation:
+        """The first `keep` messages followed by the records `encoded` (as
+        `encode` made them: a turn's plan measured them already), then `new`
+        (encoded once, here)."""
+        records = encoded + encode(new)
+        return self._of(self._records[:keep] + records, self.bytes_after(keep, records))
+
+    def bytes_after(self, keep: int, records: tuple[Record, ...]) -> int:
+        """`text_bytes` of the first `keep` messages followed by `records`:
+        O(the records dropped and added), not O(the conversation)."""
+        return self._bytes - record_bytes(self._records[keep:]) + record_bytes(records)
 
     def common_prefix(self, incoming: Sequence[Message]) -> int:
         """Number of leading messages shared with `incoming` (docs/api.md#history-rules)."""

@@ -17,10 +17,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import trio
 from sortedcontainers import SortedDict
 
 from ..errors import (
+    ClientError,
     InvalidRequest,
     SessionBusy,
     SessionClosing,
@@ -33,9 +35,25 @@ from .conversation import Conversation
 from .segments import Branch, Rollback, Segment
 from .trajectory import Trajectory
 
-__all__ = ["Session", "SessionRegistry", "SessionState", "TurnSlot"]
+__all__ = ["Session", "SessionRegistry", "SessionState", "TurnSlot", "json_bytes", "segment_bytes"]
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def json_bytes(value: Any) -> int:
+    """The size of `value` as JSON (0 for None): what a session keeps of an
+    object it stores as it came (tools, template kwargs, metadata)."""
+    return 0 if value is None else len(orjson.dumps(value))
+
+
+def segment_bytes(segment: Segment) -> int:
+    """The bytes of text a segment keeps: its conversation's, its tools' and
+    its template kwargs' (docs/reliability.md#what-a-session-keeps)."""
+    return (
+        segment.conversation.text_bytes
+        + json_bytes(segment.tools)
+        + json_bytes(segment.template_kwargs)
+    )
 
 
 class SessionState(enum.Enum):
@@ -102,6 +120,17 @@ class Session:
     closed_at: float | None = None
     # Invariant: not None exactly while a turn is in flight.
     slot: TurnSlot | None = None
+    # The worker the session was last pinned to, kept when its pin is
+    # released (expiry, collection): a closed session's rescore "pinned"
+    # goes to the worker that sampled it.
+    last_worker: str | None = None
+    # The bytes of text its sealed segments keep (`segment_bytes`): added
+    # when one is sealed, taken back when it is reopened.
+    sealed_bytes: int = 0
+    # Its metadata's JSON size, measured once (metadata never changes).
+    _metadata_bytes: int | None = field(default=None, init=False, repr=False)
+    # Set when the session stops taking turns (`stopped`); made on demand.
+    _stopped: trio.Event | None = field(default=None, init=False, repr=False)
 
     @property
     def messages(self) -> list[Message]:
@@ -124,9 +153,23 @@ class Session:
         """Every segment, oldest first, the current one last."""
         return [*self.earlier, self.current]
 
+    @property
+    def metadata_bytes(self) -> int:
+        """Its metadata's JSON size (measured once: metadata never changes)."""
+        if self._metadata_bytes is None:
+            self._metadata_bytes = json_bytes(self.metadata)
+        return self._metadata_bytes
+
+    def stored_bytes(self) -> int:
+        """The bytes of text the session keeps: its metadata, and every
+        segment's `segment_bytes` (docs/reliability.md#what-a-session-keeps).
+        O(the current segment's tools and kwargs), never O(history)."""
+        return self.metadata_bytes + self.sealed_bytes + segment_bytes(self.current)
+
     def start_segment(self, branch: Branch) -> None:
         """Seal the current segment and make an empty one current (its first
         turn is committed next, in the same synchronous step)."""
+        self.sealed_bytes += segment_bytes(self.current)
         self.earlier.append(self.current)
         self.trajectory = Trajectory()
         self.conversation = Conversation()
@@ -139,18 +182,36 @@ class Session:
         if not self.earlier or self.earlier[-1] is not segment:
             raise ValueError("only the last sealed segment can be reopened")
         self.earlier.pop()
+        self.sealed_bytes -= segment_bytes(segment)
         self.trajectory = segment.trajectory
         self.conversation = segment.conversation
         self.tools = segment.tools
         self.template_kwargs = segment.template_kwargs
         self.branch = segment.branch
 
+    def refusal(self) -> ClientError | None:
+        """Why the session takes no turns (None: it is open)."""
+        if self.state is SessionState.CLOSING:
+            return SessionClosing(f"session {self.id} is being closed")
+        if self.state is not SessionState.OPEN:
+            return SessionNotFound(f"session {self.id} is {self.state.value}; it takes no turns")
+        return None
+
+    def stopped(self) -> trio.Event:
+        """An event set once the session stops taking turns (closing,
+        expired, collected): what a turn waiting to claim it (at the pause
+        gate) also wakes on. Already set for a session that takes none."""
+        if self._stopped is None:
+            self._stopped = trio.Event()
+            if self.state is not SessionState.OPEN:
+                self._stopped.set()
+        return self._stopped
+
     def claim(self, now: float) -> TurnSlot:
         """Take the turn slot, or raise why not (closing beats busy)."""
-        if self.state is SessionState.CLOSING:
-            raise SessionClosing(f"session {self.id} is being closed")
-        if self.state is not SessionState.OPEN:
-            raise SessionNotFound(f"session {self.id} is {self.state.value}; it takes no turns")
+        refusal = self.refusal()
+        if refusal is not None:
+            raise refusal
         if self.slot is not None:
             raise SessionBusy(f"session {self.id} already has a turn in flight")
         self.slot = TurnSlot(started_at=now)
@@ -174,6 +235,9 @@ class Session:
     def _stop(self, state: SessionState, now: float) -> TurnSlot | None:
         self.state = state
         self.closed_at = now
+        stopped, self._stopped = self._stopped, None  # a reopened session makes another
+        if stopped is not None:
+            stopped.set()
         slot = self.slot
         if slot is not None:
             slot.cancel_scope.cancel()

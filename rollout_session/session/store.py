@@ -263,7 +263,7 @@ class SessionStore:
         in-flight one is cancelled), unpinned, readable until collected."""
         self._check_writable()
         session.expire(self.clock())
-        self.engine.release(session)
+        self._unpin(session)
         if self.journal is not None:
             self.journal.expire(session)
 
@@ -325,7 +325,7 @@ class SessionStore:
             except JournalError as exc:
                 self.registry.uncollect(session, *before)
                 raise _unavailable() from exc
-        self.engine.release(session)
+        self._unpin(session)
 
     def forget(self, session: Session) -> None:
         """Drop a session the server closed or a DELETE collected, its keep
@@ -337,4 +337,11 @@ class SessionStore:
 
     def _remove(self, session: Session) -> None:
         self.registry.remove(session)
+        self._unpin(session)
+
+    def _unpin(self, session: Session) -> None:
+        """Release the session's pin, remembering the worker (`last_worker`:
+        a closed session's rescore ``pinned`` goes there)."""
+        if session.worker is not None:
+            session.last_worker = session.worker
         self.engine.release(session)

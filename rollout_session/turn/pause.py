@@ -6,7 +6,10 @@ worker, so the trainer knows the workers are quiet; in ``abort`` mode it
 interrupts the turns at their workers (each answers ``abort`` with what it
 sampled) and returns at once. A turn its worker interrupted waits here for
 resume (however long: it holds sampled work) and is then continued; while
-it waits it is not at a worker, so a drain does not wait for it.
+it waits it is not at a worker, so a drain does not wait for it. A new turn
+whose session stops taking turns while it waits (a DELETE, expiry) stops
+waiting at once: its session's `stop` event wakes it (`turn`), and it is
+refused as the session refuses turns (404), not after the whole wait.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class PauseGate:
         # to) a worker.
         self.inflight = 0
         self.waiting = 0  # interrupted turns waiting for resume
+        self.held = 0  # new turns waiting to be admitted
         self._idle = trio.Event()
         # The policy version the trainer declared on resume (None: none yet):
         # it names tokens whose engine reports no version.
@@ -78,11 +82,21 @@ class PauseGate:
         self._open.set()
 
     @asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
-        """Admit one turn (waiting out a pause) and count it while it runs."""
+    async def turn(self, stop: trio.Event | None = None) -> AsyncIterator[bool]:
+        """Admit one turn (waiting out a pause) and count it while it runs:
+        yields True. `stop` (its session's `Session.stopped`) ends a wait at
+        once when set: the turn is then neither admitted nor counted, and
+        False is yielded (its caller refuses it as its session says)."""
         if self.paused:
-            with trio.move_on_after(self._wait_s):
-                await self._open.wait()
+            self.held += 1
+            try:
+                with trio.move_on_after(self._wait_s):
+                    await self._wait_open(stop)
+            finally:
+                self.held -= 1
+            if stop is not None and stop.is_set():
+                yield False
+                return
             if self.paused:
                 raise ServerPaused(
                     "turns are paused for a weight update",
@@ -90,9 +104,23 @@ class PauseGate:
                 )
         self.inflight += 1
         try:
-            yield
+            yield True
         finally:
             self._leave()
+
+    async def _wait_open(self, stop: trio.Event | None) -> None:
+        """Until the gate opens or `stop` is set, whichever comes first."""
+        if stop is None:
+            await self._open.wait()
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def first(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(first, self._open)
+            nursery.start_soon(first, stop)
 
     async def wait_to_continue(self) -> float:
         """An admitted turn its worker interrupted: wait (uncounted) until

@@ -4,29 +4,172 @@ Everything is checked before a worker is involved, so a bad request costs no
 GPU time and never touches the session's trajectory. Fields we do not know are
 kept and forwarded (agents pass SGLang extras such as ``top_k`` via
 ``extra_body``); fields the server owns are overwritten when forwarding.
+
+What a body may hold beyond its size (docs/security.md#request-bodies):
+
+- **Its collections, counted before anything is built** (`count_items`, run
+  by the HTTP edge on the model routes before any protocol parses the body):
+  at most ``--max-messages`` messages (a Responses request's ``input``
+  items), as many content parts and tool calls over all of them, and as many
+  tools. A body of 437k tiny messages used to be parsed whole, each message
+  normalised, rendered and tokenised, before its 400: seconds of CPU and
+  hundreds of MB for 15 MB. Counting takes one pass of msgspec over the
+  bytes, skipping every value but those lists' elements, each held as an
+  empty object; the limit is known before any message exists.
+- **Tool-call arguments nested at most `MAX_ARGUMENT_DEPTH` deep**, as an
+  object or as a JSON string (`check_argument_depth`): the workers parse
+  them again (SGLang's and vLLM's tool parsers and templates with Python's
+  ``json``, whose recursion stops near 1,000 levels less the stack in use),
+  and a string 5,000 levels deep, which this server's own orjson parse
+  refuses (orjson stops at 1,024 levels and a request body deeper than that
+  is a 400 here), was forwarded as text and crashed the worker's parse.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
 import orjson
 
 from ..errors import InvalidRequest
 from ..prompt.messages import Message, check_conversation, normalize_messages
 
 __all__ = [
+    "MAX_ARGUMENT_DEPTH",
     "ChatRequest",
     "StreamMode",
     "chat_request",
+    "check_argument_depth",
     "check_int",
     "check_schema",
+    "count_items",
     "parse_chat_request",
     "parse_json_object",
     "tool_list",
 ]
+
+# How deep tool-call arguments may nest. Deeper than any tool's arguments
+# (a few levels), and well within every JSON parser on their way: serde_json
+# (Rust: sgl-model-gateway) stops at 128 for a whole body, Python's json
+# (the engines' tool parsers) near 1,000 less its stack, orjson at 1,024.
+MAX_ARGUMENT_DEPTH: Final = 64
+
+
+# -- counting a body's collections before building anything ------------------
+
+
+class _Element(msgspec.Struct, gc=False):
+    """An element of a counted list: an object, every field skipped."""
+
+
+class _Item(msgspec.Struct, gc=False):
+    """A message (an ``input`` item, an Anthropic message): the lists it
+    holds, counted; every other field skipped."""
+
+    content: str | list[_Element] | None = None
+    tool_calls: list[_Element] | None = None
+
+
+class _Counted(msgspec.Struct, gc=False):
+    """A model route's body as far as counting goes: the message lists of
+    the chat and Messages APIs (``messages``) and of the Responses API
+    (``input``), and the tools."""
+
+    messages: list[_Item] | None = None
+    input: str | list[_Item] | None = None
+    tools: list[_Element] | None = None
+
+
+_COUNTED_DECODER: Final = msgspec.json.Decoder(_Counted)
+
+
+def count_items(body: bytes, limit: int) -> None:
+    """400 for a model route's body holding more than `limit` messages (a
+    Responses request's ``input`` items), content parts and tool calls over
+    all of them, or tools, counted before any of them is built: msgspec
+    skips every other value, and holds each counted element as an empty
+    object (16 bytes). A body with fewer objects than `limit` (most are) is
+    not even decoded. A body whose lists are of other shapes (not JSON, an
+    element that is no object, ...) is left to the route's own parse, which
+    refuses it for its first defect."""
+    if body.count(b"{") <= limit:  # every counted element is an object
+        return
+    try:
+        counted = _COUNTED_DECODER.decode(body)
+    except msgspec.MsgspecError:
+        return
+    items = counted.messages if counted.messages is not None else counted.input
+    if isinstance(items, list):
+        field = "messages" if counted.messages is not None else "input"
+        if len(items) > limit:
+            raise InvalidRequest(
+                f"{field} holds {len(items)} messages; a request may carry at most {limit} "
+                "(--max-messages)",
+                param=field,
+            )
+        parts = sum(
+            (len(item.content) if isinstance(item.content, list) else 0)
+            + len(item.tool_calls or ())
+            for item in items
+        )
+        if parts > limit:
+            raise InvalidRequest(
+                f"{field} holds {parts} content parts and tool calls; a request may carry "
+                f"at most {limit} (--max-messages)",
+                param=field,
+            )
+    if counted.tools is not None and len(counted.tools) > limit:
+        raise InvalidRequest(
+            f"tools holds {len(counted.tools)} tools; a request may carry at most {limit} "
+            "(--max-messages)",
+            param="tools",
+        )
+
+
+# -- how deep tool-call arguments nest -----------------------------------------
+
+# A JSON string literal (unrolled: no backtracking), and what is not a bracket.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _text_depth(text: str) -> int:
+    """How deep the JSON (or JSON-like) `text` nests: brackets outside its
+    string literals, counted at C speed (no recursion, whatever the depth)."""
+    if text.count("[") + text.count("{") <= MAX_ARGUMENT_DEPTH:
+        return 0  # cannot be deeper (the usual case: nothing more is done)
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def check_argument_depth(messages: Any) -> None:
+    """400 for a tool call (in raw chat `messages`) whose arguments, an
+    object or a JSON string, nest deeper than `MAX_ARGUMENT_DEPTH`. Shapes
+    other than the chat format's are left to `normalize_messages`."""
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if not isinstance(calls, list):
+            continue
+        for k, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            arguments = fn.get("arguments") if isinstance(fn, dict) else None
+            if isinstance(arguments, dict | list):
+                arguments = orjson.dumps(arguments).decode()
+            if isinstance(arguments, str) and _text_depth(arguments) > MAX_ARGUMENT_DEPTH:
+                at = f"messages[{i}].tool_calls[{k}].function.arguments"
+                raise InvalidRequest(
+                    f"{at} nests deeper than {MAX_ARGUMENT_DEPTH} levels: tool-call "
+                    "arguments may nest at most that deep",
+                    param=at,
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +353,7 @@ def chat_request(raw: dict[str, Any]) -> ChatRequest:
     another protocol (Responses, Messages) decoded its request into. Its
     conversation's structure is the caller's to check (`check_conversation`),
     naming the fields as its agent wrote them."""
+    check_argument_depth(raw.get("messages"))
     messages = normalize_messages(raw.get("messages"))
     n = raw.get("n")
     if n is not None and (not _is_int(n) or n != 1):

@@ -18,7 +18,16 @@ All or nothing, and never misaligned: the answers are stored together, in
 one synchronous step, and only on segments whose first tokens are still
 the ones scored (a turn may commit meanwhile — it extends the segment, and
 the rescore covers the prefix it scored — or roll back a turn and
-re-sample: then 409, nothing stored).
+re-sample: then 409, nothing stored), and only if the session was not
+collected meanwhile: a DELETE answered while the rescore ran handed the
+trainer a document without it, and a later DELETE must answer that same
+document, so the late rescore is refused (404 ``session_closing``, nothing
+stored). A session collected before the rescore began is rescored as asked.
+
+``pinned`` is the worker the session is pinned to, or, once it is closed
+(expired, collected: unpinned), the one it was last pinned to
+(`Session.last_worker`). A session keeps at most `MAX_LABELS` labels: each
+is a float per token of every segment in every export.
 """
 
 from __future__ import annotations
@@ -35,13 +44,24 @@ import numpy.typing as npt
 
 from ..engines.pool import Check, WorkerPool, WorkerRequest
 from ..engines.scoring import ScoreCheck, Scores, check_scores
-from ..errors import InvalidRequest, RescoreInterrupted, SessionBusy, UpstreamError
+from ..errors import (
+    InvalidRequest,
+    RescoreInterrupted,
+    SessionBusy,
+    SessionClosing,
+    SessionNotFound,
+    UpstreamError,
+)
 from ..session.rescores import Positions, Rescore
-from ..session.session import Session, SessionRegistry
+from ..session.session import Session, SessionRegistry, SessionState
 from ..session.trajectory import Trajectory
 from ..tokens import IdArray
 
-__all__ = ["RescoreRequest", "Rescorer", "parse_rescore"]
+__all__ = ["MAX_LABELS", "RescoreRequest", "Rescorer", "parse_rescore"]
+
+# Labels a session keeps rescores under: each is a float per token of every
+# segment, in every export (1,000 labels made a 64 MB export).
+MAX_LABELS = 16
 
 logger = logging.getLogger("rollout_session")
 
@@ -106,9 +126,17 @@ class Rescorer:
     def _route(self, session: Session, target: str) -> tuple[WorkerPool, str]:
         """The pool and the worker that score `session` for `target`."""
         if target == "pinned":
-            if session.worker is None:
+            # A closed session is unpinned: the worker it was pinned to.
+            worker = session.worker or session.last_worker
+            if worker is None:
                 raise InvalidRequest(
                     "the session has no pinned worker yet (no turn was taken)", param="target"
+                )
+            if not self._pool.knows(worker):
+                raise InvalidRequest(
+                    f"the worker the session was pinned to, {worker}, is no longer in the "
+                    "pool: name a worker or the teacher",
+                    param="target",
                 )
             served = self._pool.served.model if self._pool.served is not None else None
             if session.model is not None and served is not None and session.model != served:
@@ -119,7 +147,7 @@ class Rescorer:
                     f"model {served!r}: rescoring an adapter is not supported",
                     param="target",
                 )
-            return self._pool, self._pool.scorer(session.worker, session.id)
+            return self._pool, self._pool.scorer(worker, session.id)
         if target == "teacher":
             if self._teachers is None:
                 raise InvalidRequest(
@@ -140,6 +168,12 @@ class Rescorer:
         """Score every segment of the session and store the rescores under
         `request.label` (replacing one of that label); return the session."""
         session = self._registry.get(session_id)
+        if session.state is SessionState.CLOSING:
+            raise SessionClosing(
+                f"session {session.id} is being collected: rescore it once the DELETE answered"
+            )
+        collected = session.state is SessionState.COLLECTED
+        _check_labels(session, request.label)
         pool, url = self._route(session, request.target)
         model = pool.served.model if pool.served is not None else None
         scored = []
@@ -164,6 +198,17 @@ class Rescorer:
             )
             scored.append(_Scored(trajectory, ids, rescore))
         # One synchronous step: check every segment, then store every rescore.
+        if self._registry.find(session.id) is not session:
+            raise SessionNotFound(
+                f"session {session.id} was forgotten while it was rescored: nothing was stored"
+            )
+        if _collected_since(session, collected):
+            raise SessionClosing(
+                f"session {session.id} was collected while it was rescored: nothing was "
+                "stored (the DELETE's document has no such rescore); rescore the collected "
+                "session again and read its trajectory"
+            )
+        _check_labels(session, request.label)
         for item in scored:
             tokens = item.trajectory.tokens
             n = len(item.ids)
@@ -219,3 +264,22 @@ class Rescorer:
                     f"{reply.body[:300].decode('utf-8', 'replace')}"
                 )
             return sent.checked
+
+
+def _collected_since(session: Session, collected: bool) -> bool:
+    """Whether a DELETE began collecting `session` since it was `collected`
+    (or not) as a rescore began."""
+    state = session.state
+    return state is SessionState.CLOSING or (state is SessionState.COLLECTED and not collected)
+
+
+def _check_labels(session: Session, label: str) -> None:
+    """400 for a new label on a session holding `MAX_LABELS` already (one
+    already held is replaced)."""
+    held = set().union(*(s.trajectory.rescores for s in session.segments()))
+    if label not in held and len(held) >= MAX_LABELS:
+        raise InvalidRequest(
+            f"session {session.id} holds rescores under {len(held)} labels, the most a "
+            f"session keeps ({MAX_LABELS}); reuse one of {sorted(held)}",
+            param="label",
+        )

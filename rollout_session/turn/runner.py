@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Final
 
 import trio
 
@@ -33,18 +34,19 @@ from ..errors import (
     ServerPaused,
     SessionBusy,
     SessionClosing,
+    SessionTooLarge,
     TurnInterrupted,
     UpstreamMalformed,
 )
 from ..prompt.messages import assistant_message
 from ..prompt.tokenizer import ChatTokenizer
-from ..session.commit import Sampled
+from ..session.commit import Sampled, TurnPlan
 from ..session.segments import Branch, Rollback
 from ..session.session import Session, TurnSlot
 from ..session.store import SessionStore
 from ..session.trajectory import Continuation, Turn
 from .interrupted import Interruption, OnAbort, relabel
-from .limits import PromptRoom, completion_budget, prompt_room
+from .limits import PromptRoom, TurnLimits, completion_budget, keep_bytes, prompt_room
 from .metrics import TurnMetrics
 from .offload import Offload
 from .pause import PauseGate
@@ -61,6 +63,9 @@ logger = logging.getLogger("rollout_session")
 # previous response), which no other turn changes meanwhile. Pure and
 # synchronous: it runs on a thread when the body is large.
 Decode = Callable[[Session], ChatRequest]
+
+# `TurnRunner.limits` of a runner built without them (benches): the defaults.
+_DEFAULT_LIMITS: Final = TurnLimits()
 
 # How much more a body's byte costs to plan (tokenise) than to parse.
 _TOKENIZE_WEIGHT = 32
@@ -120,6 +125,7 @@ class TurnRunner:
     tokenizer: ChatTokenizer
     model: ServedModel  # the context length
     policy: TurnPolicy
+    limits: TurnLimits = _DEFAULT_LIMITS  # beyond tokens: what a session keeps
 
     async def run(self, session_id: str, body: bytes, decode: Decode | None = None) -> TurnOutcome:
         """Run one turn; the slot is released and the turn committed on return.
@@ -135,6 +141,9 @@ class TurnRunner:
             metrics.turns.labels("error", exc.code).inc()
             if isinstance(exc, SessionBusy):
                 metrics.busy.inc()
+            elif isinstance(exc, SessionTooLarge):
+                # Which session hit the budget: the operator's to know.
+                logger.info("session %s: turn refused: %s", session_id, exc.message)
             elif isinstance(exc, UpstreamMalformed):
                 metrics.validation_failures.labels(exc.kind).inc()
             raise
@@ -160,6 +169,13 @@ class TurnRunner:
         plan = plan_turn(session, request, self.tokenizer, self.policy, self._room(request))
         return len(plan.input_ids)
 
+    def _plan(self, session: Session, request: ChatRequest) -> TurnPlan:
+        """The turn's plan, within its token room and the session's byte
+        budget (its new messages encoded for the commit, measured)."""
+        plan = plan_turn(session, request, self.tokenizer, self.policy, self._room(request))
+        keep_bytes(session, plan, self.limits.max_session_bytes)
+        return plan
+
     def _room(self, request: ChatRequest) -> PromptRoom | None:
         return prompt_room(
             request.max_tokens,
@@ -170,15 +186,25 @@ class TurnRunner:
     async def _admitted(self, session_id: str, body: bytes, decode: Decode | None) -> TurnOutcome:
         store = self.store
         session = store.registry.get(session_id)
-        async with self.pause.turn():
-            slot = store.claim(session)
-            try:
-                with slot.cancel_scope:
-                    return await self._turn(session, slot, body, decode)
-                # Only a close (DELETE, expiry) cancels the slot's scope; it wins.
-                raise SessionClosing(f"session {session.id} was closed during the turn")
-            finally:
-                session.release(slot, store.clock())
+        while True:
+            # What ends a wait at the gate early (made only when there is one).
+            stop = session.stopped() if self.pause.paused else None
+            async with self.pause.turn(stop) as admitted:
+                if admitted:
+                    slot = store.claim(session)
+                    try:
+                        with slot.cancel_scope:
+                            return await self._turn(session, slot, body, decode)
+                        # Only a close (DELETE, expiry) cancels the slot's scope; it wins.
+                        raise SessionClosing(f"session {session.id} was closed during the turn")
+                    finally:
+                        session.release(slot, store.clock())
+            # The session stopped taking turns while this one waited for a
+            # pause to end: refused at once, as the session refuses turns.
+            refusal = session.refusal()
+            if refusal is not None:
+                raise refusal
+            # Open again (its collection could not be journaled): wait again.
 
     async def _turn(
         self, session: Session, slot: TurnSlot, body: bytes, decode: Decode | None
@@ -188,19 +214,18 @@ class TurnRunner:
             request = await offload.run(len(body), parse_chat_request, body)
         else:
             request = await offload.run(len(body), decode, session)
+        most = self.limits.max_messages
+        if len(request.messages) > most:  # as converted: a protocol's items may expand
+            raise InvalidRequest(
+                f"the request holds {len(request.messages)} messages; a turn may carry at "
+                f"most {most} (--max-messages)",
+                param="messages",
+            )
         request = self._pinned(session, request)
         # Tokenising costs far more per byte than parsing: weighed so that a
         # body carrying long new text is planned on a thread, where the
         # tokenizer releases the GIL.
-        plan = await offload.run(
-            len(body) * _TOKENIZE_WEIGHT,
-            plan_turn,
-            session,
-            request,
-            self.tokenizer,
-            policy,
-            self._room(request),
-        )
+        plan = await offload.run(len(body) * _TOKENIZE_WEIGHT, self._plan, session, request)
         budget = completion_budget(
             len(plan.input_ids),
             request.max_tokens,

@@ -29,6 +29,8 @@ from rollout_session.cli.options import add_serve_arguments, settings_from_args
         {"workers": ("http://w",), "default_priority": 1 << 63},
         {"workers": ("http://w",), "teacher_workers": ("http://w",)},
         {"workers": ("http://w",), "teacher_workers": ("w:1",)},
+        {"workers": ("http://w",), "max_session_mb": 0},
+        {"workers": ("http://w",), "max_messages": 0},
     ],
     ids=[
         "no-worker",
@@ -44,6 +46,8 @@ from rollout_session.cli.options import add_serve_arguments, settings_from_args
         "priority",
         "teacher-is-a-worker",
         "teacher-no-scheme",
+        "session-budget",
+        "max-messages",
     ],
 )
 def test_invalid_settings_are_rejected(kwargs: dict[str, object]) -> None:
@@ -82,6 +86,18 @@ def test_flags_and_environment() -> None:
     assert (
         demo.demo and demo.workers == () and demo.chat_template_kwargs == {"enable_thinking": False}
     )
+
+
+def test_limits_beyond_tokens_by_flag_or_environment() -> None:
+    defaults = parse(["--worker", "http://w:1"], {})
+    assert defaults.turn_limits().max_session_bytes == 64 * 2**20
+    assert defaults.turn_limits().max_messages == 10_000
+    env = {"ROLLOUT_SESSION_MAX_SESSION_MB": "none", "ROLLOUT_SESSION_MAX_MESSAGES": "50"}
+    unbounded = parse(["--worker", "http://w:1"], env)
+    assert unbounded.max_session_bytes is None and unbounded.max_messages == 50
+    flags = ["--worker", "http://w:1", "--max-session-mb", "0.5", "--max-messages", "7"]
+    limits = parse(flags, env).turn_limits()
+    assert (limits.max_session_bytes, limits.max_messages) == (2**19, 7)
 
 
 def test_teacher_workers_by_flag_or_environment() -> None:

@@ -14,6 +14,11 @@ the workers to be continued after resume (``{"mode": "abort"}``);
 ``POST /admin/resume`` (``{"weight_version"}`` optional: the version of
 what is sampled from now on, where the engine names none) releases them.
 ``GET /metrics`` is Prometheus text.
+
+Their strings are bounded: a worker URL at most `MAX_URL_CHARS` characters,
+a weight version at most `MAX_WEIGHT_VERSION_CHARS` (it names the tokens of
+every turn sampled under it: each turn record, in memory, the journal and
+every export, carries it).
 """
 
 from __future__ import annotations
@@ -27,7 +32,25 @@ from ..context import ServerContext
 from ..metrics import CONTENT_TYPE
 from .sessions import json_response, read_json_object
 
-__all__ = ["register_admin_routes"]
+__all__ = ["MAX_URL_CHARS", "MAX_WEIGHT_VERSION_CHARS", "register_admin_routes"]
+
+# What a browser or proxy takes as a URL (RFC 9110 §4.1 recommends at least
+# 8,000 octets; 2,048 is the common floor): far above a worker's base URL.
+MAX_URL_CHARS = 2048
+# A step number, a commit, a timestamp or a checkpoint path: far below.
+MAX_WEIGHT_VERSION_CHARS = 256
+
+
+def _url(url: object) -> str:
+    """A worker URL as given (the pool checks its form): a string, bounded."""
+    if not isinstance(url, str) or not url:
+        raise InvalidRequest("url must be an http(s)://host[:port][/path] string", param="url")
+    if len(url) > MAX_URL_CHARS:
+        raise InvalidRequest(
+            f"url is {len(url)} characters long; a worker URL has at most {MAX_URL_CHARS}",
+            param="url",
+        )
+    return url
 
 
 def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
@@ -44,9 +67,7 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
 
     @app.post("/workers")
     async def add_worker() -> Response:
-        url = (await read_json_object(optional=False)).get("url")
-        if not isinstance(url, str):
-            raise InvalidRequest("url must be an http(s)://host[:port][/path] string", param="url")
+        url = _url((await read_json_object(optional=False)).get("url"))
         return json_response((await ctx.pool.join(url)).summary(), status=201)
 
     @app.post("/admin/pause")
@@ -70,9 +91,12 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.post("/admin/resume")
     async def resume() -> Response:
         version = (await read_json_object(optional=True)).get("weight_version")
-        if version is not None and not (isinstance(version, str) and version):
+        if version is not None and not (
+            isinstance(version, str) and 0 < len(version) <= MAX_WEIGHT_VERSION_CHARS
+        ):
             raise InvalidRequest(
-                "weight_version must be a non-empty string", param="weight_version"
+                f"weight_version must be a string of 1 to {MAX_WEIGHT_VERSION_CHARS} characters",
+                param="weight_version",
             )
         ctx.pause.resume(version)
         return json_response({"paused": False, "weight_version": ctx.pause.declared_version})
@@ -86,4 +110,4 @@ def register_admin_routes(app: QuartTrio, ctx: ServerContext) -> None:
         url = request.args.get("url")
         if not url:
             raise InvalidRequest("the url query parameter is required", param="url")
-        return json_response((await ctx.pool.remove(url)).summary())
+        return json_response((await ctx.pool.remove(_url(url))).summary())

@@ -17,10 +17,10 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from ...engines.kv_sessions import PRIORITY_RANGE, is_priority
-from ...errors import InvalidRequest, JournalUnavailable
+from ...errors import InvalidRequest, JournalUnavailable, SessionTooLarge
 from ...export.document import ExportQuery, ExportStatus, parse_query, serialize, view_document
 from ...export.rescores import rescore_document
-from ...session.session import Session, SessionState
+from ...session.session import Session, SessionState, json_bytes
 from ...turn.request import parse_json_object
 from ...turn.rescore import parse_rescore
 from ...turn.sampling import parse_sampling
@@ -160,6 +160,14 @@ def register_routes(app: QuartTrio, ctx: ServerContext) -> None:
     @app.post("/sessions")
     async def create_session() -> Response:
         args = _create_args(await read_json_object(optional=True))
+        budget = ctx.settings.max_session_bytes
+        if budget is not None and json_bytes(args.metadata) > budget:
+            # The metadata is kept with the session: the same budget.
+            raise SessionTooLarge(
+                f"metadata is {json_bytes(args.metadata)} bytes of JSON, over the "
+                f"{budget} bytes of text a session keeps (--max-session-mb)",
+                param="metadata",
+            )
         session = await store.create(
             args.session_id,
             metadata=args.metadata,

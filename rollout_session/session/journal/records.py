@@ -158,6 +158,7 @@ def snapshot_parts(session: Session) -> Parts:
         cl=session.closed_at,
         model=session.model,
         worker=None if closing else session.worker,
+        lw=session.worker or session.last_worker,
         rbs=[r.as_dict() for r in session.rollbacks],
         segs=[_segment_meta(s) for s in segments],
     )
@@ -283,10 +284,12 @@ class Replay:
             session.state = SessionState.EXPIRED
             session.closed_at = meta["cl"]
             session.worker = meta["worker"]
+            session.last_worker = meta.get("lw") or session.last_worker
         elif kind == "collect":
             session = self.sessions[sid]
             session.state = SessionState.COLLECTED
             session.closed_at = meta["cl"]
+            session.last_worker = meta.get("lw") or session.worker or session.last_worker
             session.worker = None
         else:
             raise ValueError(f"unknown record type {kind!r}")
@@ -390,6 +393,7 @@ def _apply_snapshot(session: Session, meta: dict[str, Any], blobs: list[memoryvi
     session.rollbacks = [Rollback.of(r) for r in meta.get("rbs", ())]
     session.model = meta["model"]
     session.worker = meta["worker"]
+    session.last_worker = meta.get("lw")
     session.state = SessionState(meta["st"])
     session.closed_at = meta["cl"]
 

@@ -231,7 +231,13 @@ class Journal:
     def expire(self, session: Session) -> None:
         """The server closed the session; replay restores it as expired."""
         self._known(session)
-        meta = {"t": "expire", "id": session.id, "cl": session.closed_at, "worker": session.worker}
+        meta = {
+            "t": "expire",
+            "id": session.id,
+            "cl": session.closed_at,
+            "worker": session.worker,
+            "lw": session.worker or session.last_worker,
+        }
         self._enqueue(session.id, fmt.encode(meta), "expire")
 
     def closing(self, session: Session) -> None:
@@ -245,6 +251,7 @@ class Journal:
             "id": session.id,
             "cl": session.closed_at,
             "worker": None,
+            "lw": session.worker or session.last_worker,
             "why": "close",
         }
         self._enqueue(session.id, fmt.encode(meta), "expire")
@@ -253,7 +260,13 @@ class Journal:
         """A DELETE collected the session: replay restores it collected
         (readable, unpinned) until `close` forgets it."""
         self._known(session)
-        meta = {"t": "collect", "id": session.id, "cl": session.closed_at}
+        meta = {
+            "t": "collect",
+            "id": session.id,
+            "cl": session.closed_at,
+            # The worker it was pinned to (or last, if it expired first).
+            "lw": session.worker or session.last_worker,
+        }
         self._enqueue(session.id, fmt.encode(meta), "collect")
 
     def close(self, session_id: str) -> None:

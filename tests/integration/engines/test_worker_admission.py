@@ -42,6 +42,7 @@ REFUSED = {
     "short-ipv4": "http://127.1:{port}",
     "crlf": "http://127.0.0.1:{port}/\r\nHost: evil",
     "not-http": "file:///etc/passwd",
+    "too-long": "http://127.0.0.1:{port}/" + "a" * 2048,
 }
 
 

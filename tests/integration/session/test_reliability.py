@@ -14,6 +14,7 @@ import trio.testing
 from rollout_session import Settings, create_app
 from rollout_session.emulator import EmulatorConfig
 from rollout_session.http.app import server_context
+from rollout_session.http.routes.admin import MAX_WEIGHT_VERSION_CHARS
 from rollout_session.session.expiry import Expiry
 from rollout_session.session.session import Session, SessionRegistry, SessionState
 from rollout_session.session.store import SessionStore
@@ -187,6 +188,65 @@ async def test_pause_waits_for_inflight_then_holds_new_turns(make_stack: StackFa
         resumed = await stack.client.post("/admin/resume")
         assert resumed.json() == {"paused": False, "weight_version": None}
     assert results["waiting"].status_code == 200
+
+
+@pytest.mark.parametrize("how", ["delete", "expire"], ids=["deleted", "expired"])
+async def test_a_turn_held_by_a_pause_is_refused_at_once_when_its_session_stops(
+    make_stack: StackFactory, how: str
+) -> None:
+    """A turn waiting out a pause (up to --pause-wait-s, 600 s here) whose
+    session a DELETE collects (or expiry closes) gets its 404 then, not a
+    503 server_paused when the wait runs out."""
+    stack = await make_stack(pause_wait_s=600)
+    session_id = await stack.create()
+    assert (await stack.client.post("/admin/pause")).status_code == 200
+    results: list[httpx.Response] = []
+
+    async def agent() -> None:
+        results.append(await stack.chat(session_id, messages=USER))
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(agent)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.02)
+            assert stack.ctx.pause.held == 1 and not results
+            if how == "delete":
+                assert (await stack.client.delete(f"/sessions/{session_id}")).status_code == 200
+            else:
+                stack.ctx.store.expire(stack.ctx.registry.get(session_id))
+    (answer,) = results
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"]["code"] == "session_not_found"
+    assert stack.ctx.pause.held == 0 and stack.ctx.pause.inflight == 0
+    assert stack.emulator.received == 0
+    # Other sessions' turns still wait for the resume.
+    other = await stack.create()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: stack.chat(other, messages=USER))
+        await trio.testing.wait_all_tasks_blocked(cushion=0.02)
+        assert stack.ctx.pause.held == 1
+        await stack.client.post("/admin/resume")
+    assert stack.emulator.received == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "status"),
+    [("v" * MAX_WEIGHT_VERSION_CHARS, 200), ("v" * (MAX_WEIGHT_VERSION_CHARS + 1), 400)],
+    ids=["at-the-limit", "past-it"],
+)
+async def test_a_declared_weight_version_is_bounded(
+    stack: Stack, version: str, status: int
+) -> None:
+    """It names the tokens of every turn sampled under it: each turn record
+    (memory, journal, export) carries it."""
+    assert (await stack.client.post("/admin/pause")).status_code == 200
+    resumed = await stack.client.post("/admin/resume", json={"weight_version": version})
+    assert resumed.status_code == status, resumed.text[:300]
+    if status == 400:
+        assert resumed.json()["error"]["param"] == "weight_version"
+        assert stack.ctx.pause.paused and stack.ctx.pause.declared_version is None
+    else:
+        assert stack.ctx.pause.declared_version == version
 
 
 async def test_metrics_count_turns_and_failures(make_stack: StackFactory) -> None:

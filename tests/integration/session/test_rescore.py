@@ -13,10 +13,15 @@ import numpy as np
 import pytest
 import trio
 
+from rollout_session import create_app
 from rollout_session.client import SessionClient, SessionServerError
 from rollout_session.emulator import TextModel
 from rollout_session.emulator.faults import FaultPicker
 from rollout_session.export import bulk as bulk_export
+from rollout_session.http.app import server_context
+from rollout_session.http.serving import start_server
+from rollout_session.prompt.tokenizer import ChatTokenizer
+from rollout_session.turn.rescore import MAX_LABELS
 from tests.conftest import Stack, StackFactory, spawn_worker
 from tests.families import template_text
 from tests.integration.engines.test_weight_updates import (
@@ -26,6 +31,7 @@ from tests.integration.engines.test_weight_updates import (
     until,
     update_weights,
 )
+from tests.loopback import TLS
 
 USER = [{"role": "user", "content": "hello"}]
 
@@ -60,6 +66,24 @@ async def test_pinned_needs_a_turn_first(stack: Stack) -> None:
         f"/sessions/{session_id}/rescore", json={"target": "pinned", "label": "t"}
     )
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "target"
+
+
+async def test_a_session_keeps_at_most_max_labels_labels(stack: Stack) -> None:
+    session_id = await stack.create()
+    assert (await stack.chat(session_id, messages=USER)).status_code == 200
+    url = f"/sessions/{session_id}/rescore"
+    for i in range(MAX_LABELS):
+        answer = await stack.client.post(url, json={"target": "pinned", "label": f"l{i}"})
+        assert answer.status_code == 200, answer.text
+    refused = await stack.client.post(url, json={"target": "pinned", "label": "one-more"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "label"
+    assert f"({MAX_LABELS})" in refused.json()["error"]["message"]
+    # A label held is replaced as before.
+    again = await stack.client.post(url, json={"target": "pinned", "label": "l0"})
+    assert again.status_code == 200
+    rescores = (await stack.trajectory(session_id, schema=3))["segments"][0]["rescores"]
+    assert sorted(rescores) == sorted(f"l{i}" for i in range(MAX_LABELS))
 
 
 async def test_an_unknown_session_is_a_404(stack: Stack) -> None:
@@ -243,6 +267,78 @@ async def test_a_bad_scoring_answer_is_a_502_and_nothing_is_stored(
     # The session goes on: its worker still takes turns.
     stack.emulator.faults = FaultPicker(None, 0.0, 0)
     await episode(stack, turns=1)
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["collected", "collected-restarted"])
+async def test_pinned_rescores_a_collected_session_on_the_worker_that_sampled_it(
+    make_stack: StackFactory,
+    nursery: trio.Nursery,
+    chat_tokenizers: dict[str, ChatTokenizer],
+    tmp_path: Path,
+    restart: bool,
+) -> None:
+    """A DELETE unpins the session; its rescore ``pinned`` still goes to the
+    worker it was pinned to (also once a restart replayed the collection)."""
+    stack = await make(
+        make_stack,
+        ENGINES["sglang-chat"],
+        decode_s=0.0,
+        completion_tokens=24,
+        journal=str(tmp_path),
+    )
+    session_id = await episode(stack, turns=1)
+    assert (await stack.client.delete(f"/sessions/{session_id}")).status_code == 200
+    if restart:  # a new server on the same worker and journal
+        await stack.server.aclose()
+        settings = replace(stack.ctx.settings, port=0)
+        app = create_app(settings, tokenizer=chat_tokenizers["qwen3"], worker_tls=TLS)
+        server = await start_server(nursery, app)
+        client = httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS)
+        stack = Stack(server.url, server_context(app), stack.workers, client, server)
+    answer = await rescore(stack, session_id, target="pinned", label="p")
+    assert answer.status_code == 200, answer.text
+    (scored,) = answer.json()["segments"]
+    assert scored["worker"] == stack.emulator_url
+    assert scored["drift"]["max_abs"] == 0.0  # the policy that sampled it
+    summary = (await stack.client.get(f"/sessions/{session_id}")).json()
+    assert (summary["state"], summary["worker"]) == ("closed", None)
+    if restart:
+        await stack.client.aclose()
+        await stack.server.aclose()
+
+
+async def test_a_rescore_its_session_was_collected_during_stores_nothing(
+    make_stack: StackFactory,
+) -> None:
+    """A DELETE answered while a rescore was at the worker: the trainer's
+    document has no such rescore, so the rescore is refused (404
+    session_closing, nothing stored) and a repeated DELETE answers the same
+    document. The collected session is then rescored as asked."""
+    stack = await make(make_stack, ENGINES["sglang-chat"], decode_s=0.0, completion_tokens=24)
+    session_id = await episode(stack, turns=1)
+    emulator = stack.emulator
+    answers: list[httpx.Response] = []
+
+    async def trainer() -> None:
+        answers.append(await rescore(stack, session_id, target="pinned", label="p"))
+
+    emulator.gpu.freeze()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trainer)
+        await until(lambda: bool(emulator.weights.runs()))  # the scoring request is in
+        first = await stack.client.delete(f"/sessions/{session_id}")
+        emulator.gpu.thaw()
+    assert first.status_code == 200
+    (late,) = answers
+    assert late.status_code == 404, late.text
+    assert late.json()["error"]["code"] == "session_closing"
+    again = await stack.client.delete(f"/sessions/{session_id}")
+    assert again.json() == first.json()
+    assert first.json()["segments"][0]["rescores"] == {}
+    answer = await rescore(stack, session_id, target="pinned", label="p")
+    assert answer.status_code == 200, answer.text
+    doc = await stack.trajectory(session_id, schema=3)
+    assert list(doc["segments"][0]["rescores"]) == ["p"]
 
 
 async def test_every_segment_is_rescored(make_stack: StackFactory) -> None:

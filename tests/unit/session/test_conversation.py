@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from rollout_session.prompt.messages import assistant_message, common_prefix, normalize_messages
-from rollout_session.session.conversation import Conversation
+from rollout_session.session.conversation import Conversation, encode, record_bytes
 
 
 def call(name: str, arguments: Any, call_id: str = "a") -> dict[str, Any]:
@@ -93,3 +93,27 @@ def test_records_are_exact_sized_and_untracked_by_the_gc() -> None:
     for record in stored.records:
         rest = record[4]
         assert sys.getsizeof(rest) < len(rest) + 64  # not orjson's ~4 KiB buffer
+
+
+@pytest.mark.parametrize(
+    ("keep", "new"),
+    [(5, CONVERSATION[:2]), (3, CONVERSATION[1:]), (0, CONVERSATION), (5, [])],
+    ids=["extend", "replace-the-tail", "from-scratch", "nothing-new"],
+)
+def test_text_bytes_follow_each_splice(keep: int, new: list[dict[str, Any]]) -> None:
+    """Kept in O(new) by each splice, equal to measuring every record, and
+    counting what no template renders (reasoning, names, call ids)."""
+    stored = Conversation(CONVERSATION)
+    assert stored.text_bytes == record_bytes(stored.records)
+    assert stored.text_bytes > sum(len(m["content"] or "") for m in CONVERSATION) + len("think")
+    encoded = encode(new)
+    after = stored.spliced(keep, encoded=encoded)
+    assert after.text_bytes == record_bytes(after.records) == stored.bytes_after(keep, encoded)
+    assert after.messages() == [*CONVERSATION[:keep], *new]
+    assert stored.spliced(keep, new).records == after.records  # encoded here, the same
+
+
+def test_a_long_reasoning_is_counted_whole() -> None:
+    reasoning = "x" * 1_000_000
+    answer = assistant_message("ok", [], reasoning)
+    assert Conversation([answer]).text_bytes >= 1_000_000

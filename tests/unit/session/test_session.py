@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from rollout_session.errors import (
@@ -11,6 +12,7 @@ from rollout_session.errors import (
     SessionExists,
     SessionNotFound,
 )
+from rollout_session.session.segments import Branch, Divergence
 from rollout_session.session.session import SessionRegistry, SessionState
 
 
@@ -84,3 +86,45 @@ def test_paging_walks_every_session_once_after_removals_and_restores() -> None:
     assert [s.id for s in registry] == seen
     with pytest.raises(InvalidRequest):
         registry.page(state=None, limit=2, after="s5")  # removed: no longer a cursor
+
+
+@pytest.mark.parametrize("how", ["close", "expire"], ids=["closing", "expired"])
+def test_stopped_is_set_when_the_session_stops_taking_turns(how: str) -> None:
+    session = SessionRegistry().create("s")
+    stopped = session.stopped()
+    assert not stopped.is_set() and session.stopped() is stopped and session.refusal() is None
+    if how == "close":
+        session.begin_close(1.0)
+        assert isinstance(session.refusal(), SessionClosing)
+    else:
+        session.expire(1.0)
+        assert isinstance(session.refusal(), SessionNotFound)
+    assert stopped.is_set()
+    assert session.stopped().is_set()  # a stopped session's is set at once
+
+
+def test_stopped_after_a_failed_collection_is_a_new_event() -> None:
+    """A collection the journal could not record puts the session back open:
+    its next waiters wait again."""
+    session = SessionRegistry().create("s")
+    first = session.stopped()
+    session.begin_close(1.0)
+    session.state, session.closed_at = SessionState.OPEN, None
+    assert first.is_set() and not session.stopped().is_set()
+
+
+def test_stored_bytes_count_metadata_and_every_segment() -> None:
+    session = SessionRegistry().create("s", metadata={"task": "x" * 1000})
+    assert session.stored_bytes() == session.metadata_bytes == len('{"task":""}') + 1000
+    session.messages = [{"role": "user", "content": "y" * 5000}]
+    session.tools = [{"type": "function", "function": {"name": "f"}}]
+    first = session.stored_bytes()
+    assert first >= session.metadata_bytes + 5000 + len(orjson.dumps(session.tools))
+    session.start_segment(Branch(Divergence.HISTORY_EDITED, 0, 0))
+    sealed = session.earlier[-1]
+    assert session.sealed_bytes == first - session.metadata_bytes
+    assert session.stored_bytes() == first  # the new segment holds nothing yet
+    session.messages = [{"role": "user", "content": "z" * 7000}]
+    assert session.stored_bytes() > first + 7000
+    session.reopen_segment(sealed)
+    assert session.sealed_bytes == 0 and session.stored_bytes() == first

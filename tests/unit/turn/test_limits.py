@@ -1,6 +1,6 @@
-"""A turn's token limits: the room a prompt may fill, refused within it on
-every family's template, and the completion budget that makes the session
-cap hard."""
+"""A turn's limits: the room a prompt may fill, refused within it on every
+family's template, the completion budget that makes the session cap hard,
+and the bytes of text a planned turn leaves its session keeping."""
 
 from __future__ import annotations
 
@@ -9,11 +9,29 @@ from typing import Any
 
 import pytest
 
-from rollout_session.errors import ContextLengthExceeded
+from rollout_session.emulator import bundled_tokenizer_path
+from rollout_session.errors import ContextLengthExceeded, SessionTooLarge
 from rollout_session.prompt import bounded
 from rollout_session.prompt.bounded import PromptTooLong
-from rollout_session.turn.limits import PromptRoom, completion_budget, prompt_room
+from rollout_session.prompt.messages import assistant_message
+from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
+from rollout_session.session.conversation import encode, record_bytes
+from rollout_session.turn.limits import PromptRoom, completion_budget, keep_bytes, prompt_room
+from rollout_session.turn.plan import plan_turn
 from tests.families import FAMILIES, family_tokenizer
+from tests.unit.turn.test_plan import (
+    A0,
+    A1,
+    POLICY,
+    U0,
+    U1,
+    U2,
+    commit,
+    one_turn,
+    request,
+    sampled_ids,
+    user,
+)
 
 CALL = {
     "id": "a1b2c3d4e",  # Mistral's templates want 9 alphanumerics
@@ -121,3 +139,42 @@ def test_completion_budget(
             budget()
     else:
         assert budget() == expected
+
+
+# -- what a session keeps ---------------------------------------------------------
+
+
+REASONING = {"role": "assistant", "content": "Ok.", "reasoning_content": "x" * 50_000}
+PLANS: dict[str, list[dict[str, Any]]] = {
+    "extension": [U0, A0, U1, REASONING, U2],
+    "new-segment": [user("Something else."), REASONING, U2],
+    "retry": [U0],
+}
+
+
+@pytest.fixture(scope="module")
+def tok() -> ChatTokenizer:
+    return load_tokenizer(bundled_tokenizer_path(), "chatml")
+
+
+@pytest.mark.parametrize("messages", PLANS.values(), ids=PLANS.keys())
+def test_keep_bytes_is_what_the_commit_leaves_kept_but_the_answer(
+    tok: ChatTokenizer, messages: list[dict[str, Any]]
+) -> None:
+    """Measured on the plan (its new messages encoded once, for the commit):
+    the session keeps exactly that, plus its answer, once the turn commits;
+    one byte less of budget refuses it, the session untouched."""
+    session = one_turn(tok)
+    plan = plan_turn(session, request(messages), tok, POLICY)
+    before = session.stored_bytes()
+    with pytest.raises(SessionTooLarge, match="--max-session-mb") as refused:
+        keep_bytes(session, plan, keep_bytes(session, plan, None) - 1)
+    assert refused.value.param == "messages"
+    assert session.stored_bytes() == before
+    total = keep_bytes(session, plan, None)
+    assert plan.encoded is not None
+    commit(session, plan, sampled_ids(tok, A1), A1)
+    answer = record_bytes(encode([assistant_message("Done.", [], None)]))
+    assert session.stored_bytes() == total + answer
+    if messages is PLANS["new-segment"]:
+        assert len(session.earlier) == 1 and total > before + 50_000

@@ -91,3 +91,50 @@ async def test_new_turns_wait_then_503() -> None:
     with pytest.raises(ServerPaused):
         async with gate.turn():
             pass
+
+
+@pytest.mark.parametrize("stopped_at", [None, 3.0], ids=["no-stop", "stopped-while-waiting"])
+async def test_a_stop_ends_a_wait_at_once_and_admits_nothing(
+    autojump_clock: trio.abc.Clock, stopped_at: float | None
+) -> None:
+    """A new turn whose session stops while it waits out a pause is not
+    admitted (False, uncounted) when its stop is set; without one it waits
+    the whole --pause-wait-s and is refused 503."""
+    gate = PauseGate(30.0)
+    await gate.pause()
+    stop = trio.Event()
+    outcome: list[object] = []
+
+    async def turn() -> None:
+        try:
+            async with gate.turn(stop) as admitted:
+                outcome.append(admitted)
+        except ServerPaused as exc:
+            outcome.append(exc)
+
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(turn)
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.held == 1
+        if stopped_at is not None:
+            await trio.sleep(stopped_at)
+            stop.set()
+    waited = trio.current_time() - started
+    assert gate.held == 0 and gate.inflight == 0
+    if stopped_at is None:
+        (refused,) = outcome
+        assert isinstance(refused, ServerPaused) and waited == pytest.approx(30.0)
+    else:
+        assert outcome == [False] and waited == pytest.approx(stopped_at)
+
+
+async def test_a_stop_already_set_or_no_pause_admits_as_before() -> None:
+    gate = PauseGate(30.0)
+    stop = trio.Event()
+    stop.set()
+    async with gate.turn(stop) as admitted:  # not paused: the gate does not look at it
+        assert admitted is True and gate.inflight == 1
+    await gate.pause()
+    async with gate.turn(stop) as admitted:
+        assert admitted is False and gate.inflight == 0

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from rollout_session.errors import InvalidRequest
-from rollout_session.turn.request import parse_chat_request
+from rollout_session.turn.request import MAX_ARGUMENT_DEPTH, count_items, parse_chat_request
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -80,3 +80,107 @@ ACCEPTED = [
 def test_accepted_and_forwarded(fields: dict[str, object]) -> None:
     request = parse_chat_request(orjson.dumps({"messages": USER, **fields}))
     assert {k: request.raw[k] for k in fields} == fields
+
+
+# -- counted before anything is built ------------------------------------------
+
+TINY = {"role": "user", "content": "a"}
+CALL = {"function": {"name": "f", "arguments": "{}"}}
+
+COUNTED: dict[str, tuple[dict[str, object], str, str]] = {
+    "messages": ({"messages": [TINY] * 11}, "messages", "holds 11 messages"),
+    "input-items": ({"input": [TINY] * 11}, "input", "holds 11 messages"),
+    "content-parts": (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 11}]},
+        "messages",
+        "holds 11 content parts and tool calls",
+    ),
+    "tool-calls": (
+        {"messages": [TINY, {"role": "assistant", "tool_calls": [CALL] * 6}] * 2},
+        "messages",
+        "holds 12 content parts and tool calls",
+    ),
+    "tools": ({"messages": [TINY], "tools": [{"type": "function"}] * 11}, "tools", "11 tools"),
+}
+
+
+@pytest.mark.parametrize(("body", "param", "said"), COUNTED.values(), ids=COUNTED.keys())
+def test_a_body_over_the_limit_is_counted_and_refused(
+    body: dict[str, object], param: str, said: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=said) as refused:
+        count_items(orjson.dumps(body), 10)
+    assert refused.value.param == param
+    assert "(--max-messages)" in refused.value.message
+
+
+PASSED: dict[str, bytes] = {
+    "at-the-limit": orjson.dumps({"messages": [TINY] * 10, "tools": [{}] * 10}),
+    # Each counted element is an object: fewer braces than the limit is not decoded.
+    "few-objects": orjson.dumps({"messages": [TINY], "metadata": list(range(100))}),
+    "input-a-string": orjson.dumps({"input": "hi", "x": [{}] * 20}),
+    # Other shapes are the route's to refuse, for their first defect.
+    "not-json": b'{"messages": [' + b"{}," * 20 + b"",
+    "elements-not-objects": orjson.dumps({"messages": [1, {}, {}] * 10}),
+    "content-an-object": orjson.dumps({"messages": [{"content": {}}] * 20}),
+}
+
+
+@pytest.mark.parametrize("body", PASSED.values(), ids=PASSED.keys())
+def test_a_body_within_the_limit_or_of_other_shapes_passes(body: bytes) -> None:
+    count_items(body, 10)
+
+
+def test_counting_builds_no_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    """437k tiny messages (15 MB): refused for their number before any
+    message is built — the JSON parse the route would run is never called."""
+    body = orjson.dumps({"messages": [TINY] * 437_000})
+
+    def no_parse(_body: bytes) -> None:
+        raise AssertionError("the body was parsed")
+
+    monkeypatch.setattr(orjson, "loads", no_parse)
+    with pytest.raises(InvalidRequest, match="holds 437000 messages"):
+        count_items(body, 10_000)
+
+
+# -- how deep tool-call arguments nest -------------------------------------------
+
+
+def nested(depth: int, *, open_: str = '{"a": ', close: str = "}") -> str:
+    return open_ * depth + "1" + close * depth
+
+
+def with_arguments(arguments: object) -> dict[str, object]:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return {
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+        ]
+    }
+
+
+DEPTHS: dict[str, tuple[object, bool]] = {
+    "string-at-the-limit": (nested(MAX_ARGUMENT_DEPTH), False),
+    "string-past-it": (nested(MAX_ARGUMENT_DEPTH + 1), True),
+    "string-past-orjson": (nested(5000), True),
+    "lists-past-it": (nested(MAX_ARGUMENT_DEPTH + 1, open_="[", close="]"), True),
+    "object-at-the-limit": (orjson.loads(nested(MAX_ARGUMENT_DEPTH)), False),
+    "object-past-it": (orjson.loads(nested(MAX_ARGUMENT_DEPTH + 1)), True),
+    "brackets-in-strings": ('{"a": "' + "{[" * 500 + '"}', False),
+    "escaped-quotes": ('{"a": "\\"' + "[" * 500 + '\\""}', False),
+    "not-json-but-deep": ("[" * 1000, True),
+    "many-shallow": ("[" + "[1]," * 1000 + "1]", False),
+}
+
+
+@pytest.mark.parametrize(("arguments", "refused"), DEPTHS.values(), ids=DEPTHS.keys())
+def test_tool_call_arguments_nest_at_most_the_limit(arguments: object, refused: bool) -> None:
+    body = orjson.dumps(with_arguments(arguments))
+    if not refused:
+        parse_chat_request(body)
+        return
+    with pytest.raises(InvalidRequest, match=f"deeper than {MAX_ARGUMENT_DEPTH}") as raised:
+        parse_chat_request(body)
+    assert raised.value.param == "messages[1].tool_calls[0].function.arguments"
