@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 import httpx
@@ -39,6 +39,7 @@ View = Literal["document", "sample", "steps"]
 # The document's `?schema=`: 1 is v1's (the last segment's fields at the top
 # level), 3 every segment once (the server's default).
 Schema = Literal[1, 3]
+T = TypeVar("T")
 
 __all__ = [
     "SessionClient",
@@ -304,21 +305,86 @@ class SessionClient:
         body = {} if weight_version is None else {"weight_version": weight_version}
         return await self._admin("/admin/resume", body, api_key)
 
+    async def workers(self, *, api_key: str | None = None) -> list[dict[str, Any]]:
+        """Each server's ``GET /workers`` answer, in `servers` order."""
+        headers = _bearer(api_key)
+
+        async def one(server: str) -> dict[str, Any]:
+            response, _ = await self._send("GET", server + "/workers", headers=headers)
+            self._raise_for(response)
+            listed: dict[str, Any] = orjson.loads(response.content)
+            return listed
+
+        return await self._each(one)
+
+    async def add_worker(self, url: str, *, api_key: str | None = None) -> list[dict[str, Any]]:
+        """Add the worker at `url` to every server's pool (``POST /workers``);
+        each server's answer: the worker, or, where it already had it, the
+        worker as ``GET /workers`` lists it (a retried add that landed is
+        not an error). A worker a server refuses raises `SessionServerError`."""
+        headers = _bearer(api_key)
+
+        async def one(server: str) -> dict[str, Any]:
+            response, _ = await self._send(
+                "POST", server + "/workers", json={"url": url}, headers=headers
+            )
+            if response.status_code == 409:  # worker_exists
+                listed, _ = await self._send("GET", server + "/workers", headers=headers)
+                self._raise_for(listed)
+                pool = orjson.loads(listed.content)["workers"]
+                found: dict[str, Any] = next(
+                    (w for w in pool if w["url"] == url.rstrip("/")), {"url": url}
+                )
+                return found
+            self._raise_for(response)
+            added: dict[str, Any] = orjson.loads(response.content)
+            return added
+
+        return await self._each(one)
+
+    async def remove_worker(self, url: str, *, api_key: str | None = None) -> None:
+        """Drain and remove the worker at `url` from every server that has it
+        (``DELETE /workers``; a server without it is left as it is)."""
+        headers = _bearer(api_key)
+
+        async def one(server: str) -> None:
+            response, _ = await self._send(
+                "DELETE", server + "/workers", params={"url": url}, headers=headers
+            )
+            if response.status_code != 404:  # worker_not_found: nothing to remove
+                self._raise_for(response)
+
+        await self._each(one)
+
     async def _admin(
         self, path: str, body: dict[str, Any], api_key: str | None
     ) -> list[dict[str, Any]]:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        answers: list[dict[str, Any]] = [{} for _ in self.servers]
+        headers = _bearer(api_key)
 
-        async def one(i: int, server: str) -> None:
+        async def one(server: str) -> dict[str, Any]:
             response, _ = await self._send("POST", server + path, json=body, headers=headers)
             self._raise_for(response)
-            answers[i] = orjson.loads(response.content)
+            answer: dict[str, Any] = orjson.loads(response.content)
+            return answer
+
+        return await self._each(one)
+
+    async def _each(self, call: Callable[[str], Awaitable[T]]) -> list[T]:
+        """`call` for every server at once; the results in `servers` order."""
+        results: dict[int, T] = {}
+
+        async def one(i: int, server: str) -> None:
+            results[i] = await call(server)
 
         async with anyio.create_task_group() as group:
             for i, server in enumerate(self.servers):
                 group.start_soon(one, i, server)
-        return answers
+        return [results[i] for i in range(len(self.servers))]
+
+
+def _bearer(api_key: str | None) -> dict[str, str] | None:
+    """The operator key's header, when one is given (else the client's is sent)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else None
 
 
 def _params(include: Sequence[str] | None, view: View, schema: Schema | None) -> dict[str, str]:

@@ -1,0 +1,106 @@
+"""An exported segment as the arrays a trainer trains on
+(docs/training.md#the-export-document-schema_version-3).
+
+A segment is one token sequence: ``token_ids``, ``loss_mask`` (1 exactly
+where the model sampled), ``logprobs`` (the sampled tokens', 0.0 elsewhere),
+``prompt_length`` (the tokens before the first sampled one), and per turn
+the policy version of every sampled token (``weight_versions`` spans).
+`SegmentTokens` splits it into the prompt and the response the way every
+trainer does, and reads the routed experts and a rescore.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SegmentTokens", "rescore_logprobs", "routed_experts", "step_range", "version_step"]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentTokens:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    # 1 where the model sampled the token, 0 for what was appended (tool
+    # results, user messages, the template's tokens between turns).
+    response_mask: list[int]
+    # The sampled token's logprob; 0.0 where the mask is 0.
+    response_logprobs: list[float]
+    # The policy version that sampled each response token; None where the
+    # mask is 0.
+    response_versions: list[str | None]
+    # Turns of the segment, and its finish: the last turn's finish reason.
+    num_turns: int
+    finish_reason: str | None
+
+    @classmethod
+    def of(cls, segment: Mapping[str, Any]) -> SegmentTokens:
+        ids: list[int] = segment["token_ids"]
+        start = int(segment["prompt_length"])
+        versions: list[str | None] = [None] * (len(ids) - start)
+        for turn in segment.get("turns") or ():
+            for span in turn.get("weight_versions") or ():
+                for position in range(max(span["start"], start), span["end"]):
+                    versions[position - start] = span["version"]
+        turns = segment.get("turns") or ()
+        return cls(
+            prompt_ids=ids[:start],
+            response_ids=ids[start:],
+            response_mask=segment["loss_mask"][start:],
+            response_logprobs=segment["logprobs"][start:],
+            response_versions=versions,
+            num_turns=len(turns),
+            finish_reason=turns[-1]["finish_reason"] if turns else None,
+        )
+
+    @property
+    def sampled(self) -> int:
+        """How many tokens the model sampled."""
+        return sum(self.response_mask)
+
+
+def routed_experts(segment: Mapping[str, Any], top_k: int) -> np.ndarray | None:
+    """The segment's routed experts as ``(positions, layers, top_k)``
+    (``--routed-experts``: one row per position of ``token_ids`` the
+    engine reported, layer by layer); None when the export has none."""
+    experts = segment.get("routed_experts")
+    if not experts:
+        return None
+    positions, width = experts["shape"]
+    if width % top_k:
+        raise ValueError(
+            f"routed experts have {width} values per position, not a multiple of top_k {top_k}"
+        )
+    flat = np.frombuffer(base64.b64decode(experts["data"]), dtype=np.dtype(experts["dtype"]))
+    return flat.reshape(positions, width // top_k, top_k)
+
+
+def rescore_logprobs(segment: Mapping[str, Any], label: str) -> list[float | None] | None:
+    """The rescore `label`'s logprob at every position of the segment (None
+    where it scored none); None when the segment has no such rescore."""
+    rescore = (segment.get("rescores") or {}).get(label)
+    if rescore is None:
+        return None
+    scores: list[float | None] = rescore["logprobs"]
+    return scores
+
+
+def version_step(version: str | None) -> int | None:
+    """A policy version as a trainer's step: the decimal integer the
+    trainer named it with on resume (``POST /admin/resume
+    {"weight_version": "12"}``), None for any other label (a worker's own,
+    such as ``"default"``)."""
+    if version is None:
+        return None
+    text = version.strip()
+    return int(text) if text.isdecimal() else None
+
+
+def step_range(versions: Sequence[str | None]) -> tuple[int, int] | None:
+    """The least and greatest step among `versions` that name one."""
+    steps = [s for s in map(version_step, versions) if s is not None]
+    return (min(steps), max(steps)) if steps else None
