@@ -141,6 +141,10 @@ class Settings:
     # parse on the worker.
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # The SGLang workers' --skip-tokenizer-init (sglang-generate): None =
+    # as they publish it; named, it must agree with them, and it is what a
+    # server started without workers expects of those that join.
+    skip_tokenizer_init: bool | None = None
     # Worker-side KV sessions (kv_sessions.KvMode, docs/kv-sessions.md): off,
     # hint (the session id on each turn, /close_session when it ends), or
     # delta (each turn sends only the ids the worker lacks).
@@ -301,8 +305,14 @@ class Settings:
                 raise ValueError(f"{name} must be >= 0")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError("context_length must be >= 1")
-        if not self.demo and not self.workers:
-            raise ValueError("at least one worker URL is required (or demo mode)")
+        # Without a worker to read, the engine and the tokenizer must be
+        # named: workers then join at run time (POST /workers), as a
+        # trainer's own servers do once it launched them (docs/trainers.md).
+        if not self.demo and not self.workers and (self.engine == "auto" or not self.tokenizer):
+            raise ValueError(
+                "at least one worker URL is required (or demo mode); to start without "
+                "workers and add them with POST /workers, name the engine and the tokenizer"
+            )
         if (
             not self.session_header
             or not self.session_header.isascii()

@@ -19,6 +19,7 @@ import orjson
 from ..config import Settings
 from ..engines.kv_sessions import KvMode
 from ..engines.registry import AUTO, ENGINES, engine_flags
+from ..engines.spec import flag_bool
 
 __all__ = [
     "ENV_PREFIX",
@@ -45,12 +46,7 @@ def _optional_float(value: str) -> float | None:
     return None if value.lower() in {"none", "off", ""} else float(value)
 
 
-def _bool(value: str) -> bool:
-    if value.lower() in {"1", "true", "yes", "on"}:
-        return True
-    if value.lower() in {"0", "false", "no", "off", ""}:
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
+_bool = flag_bool
 
 
 Option = tuple[str, str, Callable[[str], Any], str]
@@ -191,7 +187,7 @@ def _engine_options() -> tuple[Option, ...]:
     )
     return (
         ("--engine", "engine", str, f"the inference engine (docs/engines.md). {auto}; {engines}"),
-        *((flag.flag, field, str, help) for field, (flag, help) in engine_flags().items()),
+        *((flag.flag, field, flag.kind, help) for field, (flag, help) in engine_flags().items()),
     )
 
 

@@ -22,7 +22,7 @@ from .base import Engine
 from .pool import WorkerDialect, WorkerPool
 from .served_model import ServedModel
 
-__all__ = ["EngineFlag", "EngineParts", "EngineSettings", "EngineSpec"]
+__all__ = ["EngineFlag", "EngineParts", "EngineSettings", "EngineSpec", "flag_bool"]
 
 
 class EngineSettings(Protocol):
@@ -45,6 +45,15 @@ class EngineSettings(Protocol):
     def session_ttl_s(self) -> float | None: ...
 
 
+def flag_bool(value: str) -> bool:
+    """A boolean flag's value: 1/true/yes/on or 0/false/no/off."""
+    if value.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if value.lower() in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineFlag:
     """A ``serve`` flag an engine takes; it sets the `Settings` field of the
@@ -53,6 +62,8 @@ class EngineFlag:
 
     flag: str
     help: str
+    # How its value is read from the command line or the environment.
+    kind: Callable[[str], Any] = str
 
     @property
     def field(self) -> str:

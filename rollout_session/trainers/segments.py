@@ -100,7 +100,14 @@ def version_step(version: str | None) -> int | None:
     return int(text) if text.isdecimal() else None
 
 
-def step_range(versions: Sequence[str | None]) -> tuple[int, int] | None:
-    """The least and greatest step among `versions` that name one."""
-    steps = [s for s in map(version_step, versions) if s is not None]
-    return (min(steps), max(steps)) if steps else None
+def step_range(
+    versions: Sequence[str | None], unnamed: int | None = None
+) -> tuple[int, int] | None:
+    """The least and greatest step of the sampled tokens' `versions` (None:
+    a token not sampled); a version that names no step counts as `unnamed`
+    (None: left out). None when no step is known."""
+    steps = [
+        unnamed if (step := version_step(v)) is None else step for v in versions if v is not None
+    ]
+    known = [s for s in steps if s is not None]
+    return (min(known), max(known)) if known else None

@@ -31,6 +31,8 @@ from rollout_session.cli.options import add_serve_arguments, settings_from_args
         {"workers": ("http://w",), "teacher_workers": ("w:1",)},
         {"workers": ("http://w",), "max_session_mb": 0},
         {"workers": ("http://w",), "max_messages": 0},
+        {"engine": "sglang-generate"},
+        {"tokenizer": "/t"},
     ],
     ids=[
         "no-worker",
@@ -48,11 +50,19 @@ from rollout_session.cli.options import add_serve_arguments, settings_from_args
         "teacher-no-scheme",
         "session-budget",
         "max-messages",
+        "no-worker-no-tokenizer",
+        "no-worker-engine-auto",
     ],
 )
 def test_invalid_settings_are_rejected(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_without_workers_the_engine_and_the_tokenizer_are_named() -> None:
+    """Workers then join at run time (POST /workers); nothing to read first."""
+    settings = Settings(engine="sglang-generate", tokenizer="/t", skip_tokenizer_init=True)
+    assert settings.workers == ()
 
 
 def test_settings_are_frozen_and_normalised() -> None:

@@ -233,10 +233,15 @@ class HealthChecks:
                 continue
             if not isinstance(card, ModelInfo):
                 self._record(worker, ok=False, reason=card)
-            elif self.served is None or self.served.model not in card.models:
-                served = self.served.model if self.served else "?"
+            elif self.served is None:
+                # No worker ran as expected yet: this one does not either.
+                problem = settings_problem(
+                    card.settings, expected, {}, supplied, self._dialect.settings_text
+                )
+                self._record(worker, ok=False, reason=problem or "not admitted yet")
+            elif self.served.model not in card.models:
                 listed = ", ".join(card.models)
-                self._record(worker, ok=False, reason=f"serves {listed}, not {served}")
+                self._record(worker, ok=False, reason=f"serves {listed}, not {self.served.model}")
             elif problem := settings_problem(
                 card.settings,
                 expected,

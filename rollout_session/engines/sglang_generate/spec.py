@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..base import Engine
 from ..kv_sessions import KvMode
 from ..sglang_workers import PARSE_ROUTES, sglang_setting
-from ..spec import EngineFlag, EngineParts, EngineSettings, EngineSpec
+from ..spec import EngineFlag, EngineParts, EngineSettings, EngineSpec, flag_bool
 from .parsers import Parsers
 from .workers import SGLANG_GENERATE_WORKERS
 
@@ -46,6 +46,12 @@ SPEC = EngineSpec(
     flags=(
         EngineFlag("--tool-call-parser", "the workers' --tool-call-parser (SGLang's name)"),
         EngineFlag("--reasoning-parser", "the workers' --reasoning-parser (SGLang's name)"),
+        EngineFlag(
+            "--skip-tokenizer-init",
+            "true or false: the workers' --skip-tokenizer-init (they answer ids without "
+            "text); read from the workers, needed only to start without any",
+            kind=flag_bool,
+        ),
         EngineFlag(
             "--kv-sessions",
             "off, hint, or delta (each turn sends only new ids over SGLang sessions; "

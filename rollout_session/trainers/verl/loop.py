@@ -15,11 +15,19 @@ legacy one.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+)
 
 from ...client import SessionClient
 from ..agent import load_agent
@@ -29,7 +37,7 @@ from .outputs import Limits, verl_outputs
 from .servers import verl_server_addresses
 from .weight_sync import publish_servers
 
-__all__ = ["SessionAgentLoop"]
+__all__ = ["SessionAgentLoop", "close_clients"]
 
 logger = logging.getLogger("rollout_session.trainers")
 
@@ -44,13 +52,32 @@ class _Process:
     workers: WorkerSync
 
 
-@functools.cache
+_Key = tuple[tuple[str, ...], str | None, str | None]
+
+# Per event loop (an HTTP client belongs to the loop it was made on; verl
+# runs one per agent-loop worker), per session servers and keys.
+_processes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_Key, _Process]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _process(servers: tuple[str, ...], api_key: str | None, admin_api_key: str | None) -> _Process:
-    client = SessionClient(servers, api_key=api_key)
-    return _Process(client, WorkerSync(client, api_key=admin_api_key))
+    shared = _processes.setdefault(asyncio.get_running_loop(), {})
+    key = (servers, api_key, admin_api_key)
+    if key not in shared:
+        client = SessionClient(servers, api_key=api_key)
+        shared[key] = _Process(client, WorkerSync(client, api_key=admin_api_key))
+    return shared[key]
 
 
-class SessionAgentLoop:
+async def close_clients() -> None:
+    """Close the session-server clients the loops of this event loop share
+    (at a worker's shutdown; the next loop makes new ones)."""
+    for process in _processes.pop(asyncio.get_running_loop(), {}).values():
+        await process.client.aclose()
+
+
+class SessionAgentLoop(AgentLoopBase):  # type: ignore[misc]
     """Registered as ``_target_: rollout_session.trainers.verl.SessionAgentLoop``
     with ``servers`` (the session servers' URLs), ``agent``
     (``"package.module:function"``), ``workers`` (``verl``: verl's rollout
@@ -82,10 +109,18 @@ class SessionAgentLoop:
         weight_sync: Literal["abort", "drain"] | None = "abort",
         **kwargs: Any,
     ) -> None:
-        del tokenizer, processor, dataset_cls, data_config, hf_model_type, kwargs
-        config = trainer_config.config
+        super().__init__(
+            trainer_config,
+            server_manager,
+            tokenizer,
+            processor,
+            dataset_cls,
+            data_config,
+            hf_model_type,
+            **kwargs,
+        )
+        config = self.config
         rollout = config.actor_rollout_ref.rollout
-        self._server_manager = server_manager
         self._servers = tuple(str(s).rstrip("/") for s in servers)
         self._agent = load_agent(agent)
         if workers is not None and not isinstance(workers, str):
@@ -112,8 +147,6 @@ class SessionAgentLoop:
         )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-        from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
-
         process = _process(self._servers, self._api_key, self._admin_api_key)
         _publish(self._servers, self._weight_sync, self._admin_api_key)
         await self._register_workers(process.workers)
@@ -140,7 +173,7 @@ class SessionAgentLoop:
         if self._workers is None or not sync.due():
             return
         if self._workers == "verl":
-            await sync.sync(await verl_server_addresses(self._server_manager))
+            await sync.sync(await verl_server_addresses(self.server_manager))
         else:
             await sync.sync(self._workers)
 

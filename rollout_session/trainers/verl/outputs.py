@@ -20,7 +20,8 @@ Field by field, per segment (`segments.SegmentTokens`):
 - ``extra_fields``: ``min_global_steps`` / ``max_global_steps`` from the
   sampled tokens' policy versions (a version is a step when it is a
   decimal integer: `segments.version_step`; a worker's own label such as
-  ``"default"`` counts as the batch's ``global_steps``), the teacher's
+  ``"default"`` counts as the batch's ``global_steps`` where the row has
+  it, v1's; else they are None), the teacher's
   ``teacher_ids`` / ``teacher_logprobs`` (top-1: the sequence's own ids),
   ``reward_extra_info`` (``{}`` when the agent scored), and
   ``rollout_session`` (session id, segment, turns, truncation).
@@ -70,17 +71,25 @@ def verl_outputs(
             f"session {episode.session_id}: the agent's episode sampled no token "
             "(nothing to train on)"
         )
-    if not limits.every_segment and len(segments) > 1:
-        logger.info(
-            "session %s: %d segments (the agent rewrote its history); verl's legacy "
-            "trainer takes one output: the last segment",
+    count = len(segments)
+    dropped: list[dict[str, Any]] = []
+    if not limits.every_segment and count > 1:
+        # Said, and counted in the output (`extra_fields["rollout_session"]`
+        # ``segments_dropped`` / ``sampled_tokens_dropped``): never silent.
+        dropped, segments = segments[:-1], segments[-1:]
+        logger.warning(
+            "session %s: %d segments with sampled tokens (the agent rewrote its history); "
+            "verl's legacy trainer takes one output per run: %d sampled tokens of the "
+            "earlier segments are not trained on (trainer.use_v1 trains on every segment)",
             episode.session_id,
-            len(segments),
+            count,
+            sum(SegmentTokens.of(s).sampled for s in dropped),
         )
-        segments = segments[-1:]
     last = len(segments) - 1
     return [
-        _output(episode, segment, limits, make, metrics, main=i == last, count=len(segments))
+        _output(
+            episode, segment, limits, make, metrics, main=i == last, count=count, dropped=dropped
+        )
         for i, segment in enumerate(segments)
     ]
 
@@ -94,16 +103,17 @@ def _output(
     *,
     main: bool,
     count: int,
+    dropped: list[dict[str, Any]],
 ) -> Any:
     tokens = SegmentTokens.of(segment)
     cut = max(0, len(tokens.prompt_ids) - limits.prompt_length)  # left-truncated prompt ids
     prompt = tokens.prompt_ids[cut:]
     keep = limits.response_length
     response = tokens.response_ids[:keep]
-    steps = step_range(tokens.response_versions[:keep])
-    if steps is None:
-        fallback = limits.global_steps if limits.global_steps is not None else 0
-        steps = (fallback, fallback)
+    # A token under no step's name (a worker's own label, before the
+    # weight-sync hook's first resume) counts as the batch's step where the
+    # row says it (v1); else it is unknown: None, never a guess.
+    steps = step_range(tokens.response_versions[:keep], limits.global_steps) or (None, None)
     continuations = sum(len(t.get("continuations") or ()) for t in segment.get("turns") or ())
     extra: dict[str, Any] = {
         "min_global_steps": steps[0],
@@ -112,6 +122,8 @@ def _output(
             "session_id": episode.session_id,
             "segment": segment["index"],
             "segments": count,
+            "segments_dropped": len(dropped),
+            "sampled_tokens_dropped": sum(SegmentTokens.of(s).sampled for s in dropped),
             "turns": tokens.num_turns,
             "continuations": continuations,
             "prompt_tokens_dropped": cut,

@@ -26,10 +26,9 @@ from tests.conftest import Stack, StackFactory
 from tests.integration.engines.test_weight_updates import (
     ENGINES,
     THINK,
-    in_flight_midway,
     make,
-    until,
 )
+from tests.stalls import in_flight_midway, until
 
 AGENTS = 12
 TURNS = 2  # a second turn arrives while the worker may still be paused

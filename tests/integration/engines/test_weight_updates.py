@@ -13,7 +13,7 @@ of the same stack, sampled without interruption.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from tests.families import (
 )
 from tests.integration.session.test_families import WEATHER
 from tests.loopback import TLS
+from tests.stalls import in_flight_midway, stalled, until
 
 READ = [{"role": "user", "content": "Read the file notes.txt, please."}]
 THINK = [{"role": "user", "content": "Think it through, then answer at length."}]
@@ -103,39 +104,6 @@ async def make(
         }
     )
     return await make_stack(template="qwen3", emulator=config, **engine.server, **settings)
-
-
-def in_flight_midway(emulator: Emulator, at_least: int) -> bool:
-    """A turn has decoded `at_least` tokens and not yet its whole answer."""
-    return any(
-        at_least <= emulator.gpu.decoded(run.progress) < run.progress.total
-        for run in emulator.weights.runs()
-    )
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(60):  # a failure naming the wait, not a hung suite
-        while not predicate():  # noqa: ASYNC110 (decoding is timed: no event per token)
-            await trio.sleep(0.005)
-
-
-@contextlib.asynccontextmanager
-async def stalled(emulator: Emulator, when: Callable[[], bool]) -> AsyncIterator[None]:
-    """Once `when` holds, stall the worker's GPU (nothing decodes, as under
-    a slow step) until the block ends: the pause or abort the block sends
-    reaches the worker with the answer where `when` saw it, however loaded
-    the machine. A window of decode time was not enough: on CI an answer of
-    a quarter still to decode (120 ms) finished before the abort arrived."""
-    while True:
-        await until(when)
-        emulator.gpu.freeze()
-        if when():  # still, on the frozen clock: no token decoded in between
-            break
-        emulator.gpu.thaw()
-    try:
-        yield
-    finally:
-        emulator.gpu.thaw()
 
 
 def update_weights(emulator: Emulator, version: str, *, abort: bool) -> None:

@@ -204,3 +204,44 @@ async def test_a_configured_worker_that_is_not_sglang_never_joins(
     assert imposter.chats == 0 and real.emulator.received == 3
     await server.aclose()
     await fake.aclose()
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["flag-named", "flag-unset"])
+async def test_a_server_started_without_workers_takes_those_that_join(
+    nursery: trio.Nursery,
+    text_model: TextModel,
+    chat_tokenizers: dict[str, ChatTokenizer],
+    named: bool,
+) -> None:
+    """Started with the engine and the tokenizer named and no worker (a
+    trainer's servers join once it launched them): a worker launched as
+    verl launches SGLang (``--skip-tokenizer-init``) joins when the server
+    was told so, and is refused naming the setting when it was not (the
+    server then expects a worker with its tokenizer)."""
+    template = chat_tokenizers["chatml"]
+    worker = await spawn_worker(
+        nursery,
+        text_model,
+        replace(EmulatorConfig(skip_tokenizer_init=True), chat_template=template.chat_template),
+        parsers=False,
+    )
+    settings = Settings(
+        workers=(),
+        engine="sglang-generate",
+        tokenizer="unused: the app is given its tokenizer",
+        tool_call_parser="qwen25",
+        skip_tokenizer_init=True if named else None,
+        port=0,
+        **FAST,
+    )
+    app = create_app(settings, tokenizer=template, worker_tls=TLS)
+    server = await start_server(nursery, app)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS) as client:
+        assert (await client.post("/sessions")).status_code == 201  # sessions before workers
+        joined = await client.post("/workers", json={"url": worker.url})
+        if not named:
+            assert joined.status_code == 400
+            assert "runs --skip-tokenizer-init, where this server expects no" in joined.text
+            return
+        assert joined.status_code == 201, joined.text
+        await run_turns(Stack(server.url, server_context(app), [worker], client, server), 2)

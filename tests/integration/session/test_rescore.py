@@ -28,10 +28,10 @@ from tests.integration.engines.test_weight_updates import (
     ENGINES,
     Engine,
     make,
-    until,
     update_weights,
 )
 from tests.loopback import TLS
+from tests.stalls import until
 
 USER = [{"role": "user", "content": "hello"}]
 

@@ -27,6 +27,7 @@ class Flags:
     engine: str = "sglang-chat"
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    skip_tokenizer_init: bool | None = None
     kv_sessions: str = "off"
     session_ttl_s: float | None = 3600.0
 
@@ -52,7 +53,12 @@ def test_auto_is_checked_once_the_workers_chose_the_engine() -> None:
 
 def test_a_flag_several_engines_take_says_what_it_means_for_each() -> None:
     flags = engine_flags()
-    assert set(flags) == {"tool_call_parser", "reasoning_parser", "kv_sessions"}
+    assert set(flags) == {
+        "tool_call_parser",
+        "reasoning_parser",
+        "skip_tokenizer_init",
+        "kv_sessions",
+    }
     flag, help_text = flags["tool_call_parser"]
     assert flag.flag == "--tool-call-parser"
     assert "sglang-generate: the workers' --tool-call-parser (SGLang's name)" in help_text

@@ -1,0 +1,96 @@
+"""`trainers.segments`: an exported segment as a trainer's arrays."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rollout_session.trainers.segments import (
+    SegmentTokens,
+    rescore_logprobs,
+    routed_experts,
+    step_range,
+    version_step,
+)
+
+# A segment of 3 prompt tokens, a 2-token answer, 2 appended tokens (a tool
+# result) and a 1-token answer whose first token was sampled under "7".
+SEGMENT: dict[str, Any] = {
+    "index": 0,
+    "token_ids": [1, 2, 3, 10, 11, 20, 21, 30],
+    "loss_mask": [0, 0, 0, 1, 1, 0, 0, 1],
+    "logprobs": [0.0, 0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.0],
+    "prompt_length": 3,
+    "turns": [
+        {
+            "finish_reason": "tool_calls",
+            "weight_versions": [{"start": 3, "end": 5, "version": "6"}],
+        },
+        {"finish_reason": "stop", "weight_versions": [{"start": 7, "end": 8, "version": "7"}]},
+    ],
+}
+
+
+def test_a_segment_splits_where_the_model_first_sampled() -> None:
+    tokens = SegmentTokens.of(SEGMENT)
+    assert tokens.prompt_ids == [1, 2, 3]
+    assert tokens.response_ids == [10, 11, 20, 21, 30]
+    assert tokens.response_mask == [1, 1, 0, 0, 1]
+    assert tokens.response_logprobs == [-0.5, -0.25, 0.0, 0.0, -1.0]
+    assert tokens.response_versions == ["6", "6", None, None, "7"]
+    assert (tokens.num_turns, tokens.finish_reason, tokens.sampled) == (2, "stop", 3)
+
+
+@pytest.mark.parametrize(
+    ("version", "step"),
+    [("12", 12), (" 3 ", 3), ("default", None), ("v1", None), ("-1", None), (None, None)],
+    ids=["decimal", "padded", "worker-label", "prefixed", "negative", "unsampled"],
+)
+def test_a_version_is_a_step_only_when_it_is_a_decimal(
+    version: str | None, step: int | None
+) -> None:
+    assert version_step(version) == step
+
+
+@pytest.mark.parametrize(
+    ("versions", "unnamed", "expected"),
+    [
+        (["6", None, "7"], None, (6, 7)),
+        (["default", "7"], 5, (5, 7)),
+        (["default", "7"], None, (7, 7)),
+        (["default"], None, None),
+        ([None, None], 4, None),
+    ],
+    ids=["steps", "label-as-batch-step", "label-unknown", "nothing-known", "nothing-sampled"],
+)
+def test_step_range(
+    versions: list[str | None], unnamed: int | None, expected: tuple[int, int] | None
+) -> None:
+    assert step_range(versions, unnamed) == expected
+
+
+def test_routed_experts_are_positions_by_layers_by_top_k() -> None:
+    flat = np.arange(2 * 4 * 2, dtype=np.int16)
+    segment = {
+        "routed_experts": {
+            "shape": [2, 8],
+            "dtype": "int16",
+            "data": base64.b64encode(flat.tobytes()).decode(),
+        }
+    }
+    rows = routed_experts(segment, top_k=2)
+    assert rows is not None and rows.shape == (2, 4, 2)
+    assert rows[1, 3].tolist() == [14, 15]
+    with pytest.raises(ValueError, match="not a multiple of top_k 3"):
+        routed_experts(segment, top_k=3)
+    assert routed_experts({"routed_experts": None}, top_k=2) is None
+
+
+def test_a_rescore_by_label() -> None:
+    segment = {"rescores": {"teacher": {"logprobs": [None, -0.1, -0.2]}}}
+    assert rescore_logprobs(segment, "teacher") == [None, -0.1, -0.2]
+    assert rescore_logprobs(segment, "other") is None
+    assert rescore_logprobs({}, "teacher") is None
