@@ -44,8 +44,9 @@ class SegmentTokens:
         versions: list[str | None] = [None] * (len(ids) - start)
         for turn in segment.get("turns") or ():
             for span in turn.get("weight_versions") or ():
-                for position in range(max(span["start"], start), span["end"]):
-                    versions[position - start] = span["version"]
+                first, end = max(span["start"], start) - start, span["end"] - start
+                if end > first:
+                    versions[first:end] = [span["version"]] * (end - first)
         turns = segment.get("turns") or ()
         return cls(
             prompt_ids=ids[:start],
@@ -106,8 +107,11 @@ def step_range(
     """The least and greatest step of the sampled tokens' `versions` (None:
     a token not sampled); a version that names no step counts as `unnamed`
     (None: left out). None when no step is known."""
+    # Per distinct version: a segment's tokens carry a handful.
     steps = [
-        unnamed if (step := version_step(v)) is None else step for v in versions if v is not None
+        unnamed if (step := version_step(v)) is None else step
+        for v in set(versions)
+        if v is not None
     ]
     known = [s for s in steps if s is not None]
     return (min(known), max(known)) if known else None
