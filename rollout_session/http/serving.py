@@ -41,7 +41,7 @@ can an app: it never sees an idle connection). `_serve` therefore uses these,
 none of them documented API; tests/unit/http/test_serving.py checks each
 (names, signatures, and the behaviour they buy) and fails, naming it, on the
 first hypercorn release that changes one (CI installs the newest; what they
-buy is measured in docs/performance.md#serving-on-hypercorns-internals):
+buy is measured in docs/performance-history.md#serving-on-hypercorns-internals):
 
 - ``hypercorn.trio.tcp_server.TCPServer``: serves one accepted connection
   (`_TCPServer` overrides its ``_read_data`` and stops its ``idle_task``);
