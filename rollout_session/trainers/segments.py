@@ -6,19 +6,31 @@ where the model sampled), ``logprobs`` (the sampled tokens', 0.0 elsewhere),
 ``prompt_length`` (the tokens before the first sampled one), and per turn
 the policy version of every sampled token (``weight_versions`` spans).
 `SegmentTokens` splits it into the prompt and the response the way every
-trainer does, and reads the routed experts and a rescore.
+trainer does, `segment_steps` into one record per turn (the steps view's,
+for step-wise trainers), and the module reads the routed experts and a
+rescore.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SegmentTokens", "rescore_logprobs", "routed_experts", "step_range", "version_step"]
+__all__ = [
+    "SegmentTokens",
+    "StepTokens",
+    "experts_top_k",
+    "rescore_logprobs",
+    "routed_experts",
+    "segment_steps",
+    "step_range",
+    "version_step",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,19 +53,13 @@ class SegmentTokens:
     def of(cls, segment: Mapping[str, Any]) -> SegmentTokens:
         ids: list[int] = segment["token_ids"]
         start = int(segment["prompt_length"])
-        versions: list[str | None] = [None] * (len(ids) - start)
-        for turn in segment.get("turns") or ():
-            for span in turn.get("weight_versions") or ():
-                first, end = max(span["start"], start) - start, span["end"] - start
-                if end > first:
-                    versions[first:end] = [span["version"]] * (end - first)
         turns = segment.get("turns") or ()
         return cls(
             prompt_ids=ids[:start],
             response_ids=ids[start:],
             response_mask=segment["loss_mask"][start:],
             response_logprobs=segment["logprobs"][start:],
-            response_versions=versions,
+            response_versions=_versions(turns, start, len(ids)),
             num_turns=len(turns),
             finish_reason=turns[-1]["finish_reason"] if turns else None,
         )
@@ -62,6 +68,72 @@ class SegmentTokens:
     def sampled(self) -> int:
         """How many tokens the model sampled."""
         return sum(self.response_mask)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTokens:
+    """One turn of a segment as a step-wise trainer's record (the steps
+    view's, docs/training.md#the-steps-view-skyrl-rllm-step-wise): everything
+    the model read before it sampled, and what it sampled."""
+
+    # Where the turn is: its segment's and its own index.
+    segment: int
+    turn: int
+    # The segment's ids up to the turn's ``completion_start``.
+    prompt_ids: list[int]
+    # The turn's sampled ids, their mask (all 1: ``loss_mask`` over the
+    # span), their logprobs and the policy version of each.
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    response_versions: list[str | None]
+    finish_reason: str | None
+    # Requests after the first (interrupted and continued: `turns[].continuations`).
+    continuations: int
+
+    @property
+    def end(self) -> int:
+        """The turn's ``completion_end``: its length in the segment."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def segment_steps(segment: Mapping[str, Any]) -> list[StepTokens]:
+    """Every turn of the segment, in order (needs the export's ``turns``)."""
+    if "turns" not in segment:
+        raise ValueError(
+            f"segment {segment.get('index')} has no turns: collect with include=turns "
+            "(the default) to split it into steps"
+        )
+    ids: list[int] = segment["token_ids"]
+    steps = []
+    for turn in segment["turns"]:
+        start, end = int(turn["completion_start"]), int(turn["completion_end"])
+        steps.append(
+            StepTokens(
+                segment=int(segment["index"]),
+                turn=int(turn["index"]),
+                prompt_ids=ids[:start],
+                response_ids=ids[start:end],
+                response_mask=segment["loss_mask"][start:end],
+                response_logprobs=segment["logprobs"][start:end],
+                response_versions=_versions((turn,), start, end),
+                finish_reason=turn["finish_reason"],
+                continuations=len(turn.get("continuations") or ()),
+            )
+        )
+    return steps
+
+
+def _versions(turns: Sequence[Mapping[str, Any]], start: int, end: int) -> list[str | None]:
+    """The policy version of each position in ``[start, end)`` from the
+    turns' ``weight_versions`` spans; None where no span covers it."""
+    versions: list[str | None] = [None] * (end - start)
+    for turn in turns:
+        for span in turn.get("weight_versions") or ():
+            first, last = max(span["start"], start) - start, min(span["end"], end) - start
+            if last > first:
+                versions[first:last] = [span["version"]] * (last - first)
+    return versions
 
 
 def routed_experts(segment: Mapping[str, Any], top_k: int) -> np.ndarray | None:
@@ -78,6 +150,22 @@ def routed_experts(segment: Mapping[str, Any], top_k: int) -> np.ndarray | None:
         )
     flat = np.frombuffer(base64.b64decode(experts["data"]), dtype=np.dtype(experts["dtype"]))
     return flat.reshape(positions, width // top_k, top_k)
+
+
+@functools.cache
+def experts_top_k(model_path: str) -> int:
+    """The model's routed experts per token (its config's
+    ``num_experts_per_tok``): what splits an export's routed-experts rows
+    (``layers × top_k`` values per position) into layers."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(model_path)
+    top_k = getattr(hf_config, "num_experts_per_tok", None)
+    if not isinstance(top_k, int):
+        raise TypeError(
+            f"{model_path}: no num_experts_per_tok in its config; give the adapter experts_top_k"
+        )
+    return top_k
 
 
 def rescore_logprobs(segment: Mapping[str, Any], label: str) -> list[float | None] | None:

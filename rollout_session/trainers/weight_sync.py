@@ -1,5 +1,5 @@
 """The session servers paused around a trainer's weight update
-(docs/trainers.md#weight-sync).
+(docs/trainers.md: each trainer's weight sync).
 
 A trainer that updates its workers' weights while episodes run pauses the
 session servers first (``abort``: the turns at workers are interrupted, and
@@ -38,18 +38,22 @@ class WeightSync:
         self.mode: Literal["abort", "drain"] = mode
         self._api_key = api_key
 
-    async def around(self, step: int | None, update: Callable[[], Awaitable[T]]) -> T:
+    async def around(
+        self, step: int | Callable[[], int | None] | None, update: Callable[[], Awaitable[T]]
+    ) -> T:
         """`update()` with the session servers paused; resumed naming `step`
         (a failed update resumes them without a new name: the workers still
-        run what they ran)."""
+        run what they ran). `step` may be a function, asked once `update()`
+        has returned: a trainer that counts its weight syncs (SkyRL's
+        ``weight_version``) advances the count inside the update."""
         async with SessionClient(self.servers) as client:
             await client.pause(self.mode, api_key=self._api_key)
-            done = False
+            version: str | None = None
             try:
                 result = await update()
-                done = True
+                new_step = step() if callable(step) else step
+                version = None if new_step is None else str(new_step)
             finally:
-                version = str(step) if done and step is not None else None
                 with anyio.CancelScope(shield=True):
                     await client.resume(version, api_key=self._api_key)
                 logger.info("session servers resumed%s", f" at step {version}" if version else "")

@@ -32,6 +32,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from ...client import SessionClient
 from ..agent import load_agent
 from ..episode import run_episode
+from ..segments import experts_top_k as model_experts_top_k
 from ..workers import WorkerSync
 from .outputs import Limits, verl_outputs
 from .servers import verl_server_addresses
@@ -139,7 +140,7 @@ class SessionAgentLoop(AgentLoopBase):  # type: ignore[misc]
             response_length=int(rollout.response_length),
             every_segment=bool(config.trainer.get("use_v1", False)),
             experts_top_k=(
-                (experts_top_k or _experts_top_k(str(config.actor_rollout_ref.model.path)))
+                (experts_top_k or model_experts_top_k(str(config.actor_rollout_ref.model.path)))
                 if replay
                 else None
             ),
@@ -195,21 +196,6 @@ def _publish(
 ) -> None:
     """Once per process: the trainer's weight-sync hook learns the servers."""
     publish_servers(servers, mode, api_key)
-
-
-@functools.cache
-def _experts_top_k(model_path: str) -> int:
-    """The model's routed experts per token, from its config."""
-    from transformers import AutoConfig
-
-    hf_config = AutoConfig.from_pretrained(model_path)
-    top_k = getattr(hf_config, "num_experts_per_tok", None)
-    if not isinstance(top_k, int):
-        raise TypeError(
-            f"{model_path}: no num_experts_per_tok in its config; set experts_top_k on the "
-            "agent loop entry"
-        )
-    return top_k
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,1 @@
+"""Unit tests of the SkyRL adapter (what needs no skyrl)."""
