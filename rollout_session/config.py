@@ -409,15 +409,22 @@ class Settings:
             label="teacher workers: " if teachers else "",
         )
 
-    def turn_policy(self, in_place_roles: frozenset[str] = frozenset()) -> TurnPolicy:
-        """`in_place_roles`: those the start-up template check found rendered
-        in place exactly (they join --append-roles)."""
+    def turn_policy(
+        self,
+        in_place_roles: frozenset[str] = frozenset(),
+        rendered_whole: frozenset[str | None] = frozenset(),
+    ) -> TurnPolicy:
+        """What the start-up template check found: `in_place_roles`, the
+        roles it renders in place exactly (they join --append-roles), and
+        `rendered_whole`, the templates whose appended messages depend on the
+        history."""
         return TurnPolicy(
             append_roles=self.append_roles | in_place_roles,
             max_rollback_turns=self.max_rollback_turns,
             chat_template_kwargs=self.chat_template_kwargs,
             on_divergence=OnDivergence(self.on_divergence),
             prompt_mode=PromptMode(self.prompt_mode),
+            rendered_whole=rendered_whole,
             max_segments=self.max_segments,
             max_session_tokens=self.max_session_tokens,
             default_priority=self.default_priority,

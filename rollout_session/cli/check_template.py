@@ -33,12 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the conformance report; 0 if `serve` would start, else 1."""
-    from ..prompt.check import check_template, format_report, startup_refusal
+    from ..prompt.check import check_template, format_report, rendered_whole, startup_refusal
     from ..prompt.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer, args.chat_template)
     results = check_template(tokenizer, args.chat_template_kwargs)
     print(format_report(results))
+    for line in rendered_whole(results).values():
+        # What `serve` logs at start-up: how it serves such a template, at what cost.
+        print(f"\n{line}.")
     refusal = startup_refusal(results, args.append_roles)
     if refusal is not None:
         # The same message `serve` refuses with: its first line names the fix.

@@ -30,13 +30,21 @@ from ..engines.resolve import resolve_engine
 from ..engines.served_model import ServedModel
 from ..engines.spec import EngineParts
 from ..errors import NoHealthyWorker, UpstreamError
-from ..prompt.check import Outcome, check_template, in_place_roles, reachable, startup_refusal
+from ..prompt.check import (
+    Outcome,
+    check_template,
+    in_place_roles,
+    reachable,
+    rendered_whole,
+    startup_refusal,
+)
 from ..prompt.tokenizer import ChatTokenizer, load_tokenizer
 from ..session.expiry import Expiry
 from ..session.session import SessionRegistry
 from ..session.store import SessionStore
 from ..turn.offload import Offload
 from ..turn.pause import PauseGate
+from ..turn.plan import TurnPolicy
 from ..turn.request import count_items
 from ..turn.rescore import Rescorer
 from ..turn.runner import TurnRunner
@@ -158,7 +166,7 @@ def create_app(
         app.nursery.start_soon(ctx.expiry.forever)
         tokenizer = await _load_model(ctx)
         await side.engine.prepare(tokenizer)
-        in_place_roles = await _check_template(tokenizer, settings)
+        policy = await _check_template(tokenizer, settings)
         ctx.turns = TurnRunner(
             store=ctx.store,
             pause=ctx.pause,
@@ -167,7 +175,7 @@ def create_app(
             metrics=ctx.metrics,
             tokenizer=tokenizer,
             model=side.model,
-            policy=settings.turn_policy(in_place_roles),
+            policy=policy,
             limits=settings.turn_limits(),
         )
 
@@ -305,11 +313,14 @@ async def _load_model(ctx: ServerContext) -> ChatTokenizer:
     return ctx.tokenizer
 
 
-async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> frozenset[str]:
+async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> TurnPolicy:
     """Refuse to start on a template the server would extend wrongly (or not
     at all, for a case the settings allow); log what it rewrites. Return the
-    appended roles beyond --append-roles it renders in place exactly: a
-    session goes on through them (docs/api.md#history-rules)."""
+    turns' policy with what the check found: the appended roles beyond
+    --append-roles the template renders in place exactly (a session goes on
+    through them: docs/api.md#history-rules), and the templates whose
+    appended messages depend on the history, said with a warning
+    (docs/templates.md#history-dependent-templates)."""
     results = await trio.to_thread.run_sync(
         check_template, tokenizer, settings.chat_template_kwargs
     )
@@ -333,4 +344,7 @@ async def _check_template(tokenizer: ChatTokenizer, settings: Settings) -> froze
             refusal + "\n(`rollout-session check-template` prints the whole report; "
             "docs/templates.md says what to do)"
         )
-    return in_place_roles(results)
+    whole = rendered_whole(results)
+    for line in whole.values():
+        logger.warning("%s", line)
+    return settings.turn_policy(in_place_roles(results), frozenset(whole))

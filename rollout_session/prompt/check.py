@@ -11,10 +11,16 @@ template's full rendering of that request. Each case is one of:
 - ``exact``: identical to a full re-render;
 - ``rewrites``: the template re-renders history differently from what the
   model saw (Qwen3 strips earlier ``<think>``, harmony writes ``<|end|>``
-  where ``<|return|>`` was sampled, Mistral moves the system prompt); the
-  trajectory keeps what the model saw, and the report names where;
+  where ``<|return|>`` was sampled); the trajectory keeps what the model
+  saw, and the report names where;
 - ``unsupported``: the template (``raise_exception``) or the server refuses
   the case, with the reason; such a request fails loudly at run time;
+- ``history-dependent``: the template renders the appended messages
+  otherwise after the real history than after the junction's synthetic
+  context (Command-R7B numbers tool results across the conversation: the
+  second says ``"1"``, the junction's ``"0"``; Mistral moves the system
+  prompt into the last user turn). No synthetic context can know that:
+  such a template is served rendered whole (below);
 - ``corrupt``: the server's prompt would differ from the template at a turn
   junction (a duplicated, missing or foreign token next to the sampled ids).
 
@@ -24,8 +30,23 @@ end. P must lie inside their common suffix, and the token before it (the
 last sampled one) must be the template's too, or both must be special tokens
 (a sampled stop token standing in for the template's history terminator). A
 difference inside P itself is the template rendering the appended messages
-differently after the real history (it moved something into them): reported
-as ``rewrites``, since the server rendered them with the template.
+differently after the real history: ``history-dependent``. So is a render
+that ends with P after other text than the synthetic context writes before
+it (a block the template moves in front of the new messages), which the ids
+alone would take for rewritten history: each turn also asks the template
+whether it appends alike after the real history
+(`ChatTokenizer.appends_alike`). Every case has at least two junctions of
+its kind (two tool rounds, two appended messages of a role), since a piece
+counted over the conversation first differs at the second.
+
+A template with a history-dependent case is served *rendered whole*
+(`rendered_whole`; `turn.plan`): each later turn renders the whole request
+to ask whether the template writes the appended messages after the real
+history as the junction has them (`ChatTokenizer.appends_alike`); where it
+does not, the turn's prompt is that render, which must start with the
+session's ids, else the turn diverges (a new segment, or refused). Each case
+is simulated that way too, and its line says which turn would start a
+segment.
 
 With several named templates (a tokenizer's ``default`` and ``tool_use``),
 each is checked on the requests it serves: ``default`` on the cases without
@@ -64,6 +85,7 @@ __all__ = [
     "in_place_roles",
     "junction_problem",
     "reachable",
+    "rendered_whole",
     "role_fix",
     "run_case",
     "startup_problems",
@@ -74,12 +96,20 @@ __all__ = [
 class Outcome(enum.Enum):
     EXACT = "exact"
     REWRITES = "rewrites history"
+    HISTORY_DEPENDENT = "history-dependent"
     UNSUPPORTED = "unsupported"
     CORRUPT = "corrupt"
 
 
+_RENDERS_OTHERWISE: Final = "the appended messages render otherwise after the real history"
+
 # Which of two outcomes of a case's turns the case reports.
-_RANK: Final = {Outcome.EXACT: 0, Outcome.REWRITES: 1, Outcome.CORRUPT: 2}
+_RANK: Final = {
+    Outcome.EXACT: 0,
+    Outcome.REWRITES: 1,
+    Outcome.HISTORY_DEPENDENT: 2,
+    Outcome.CORRUPT: 3,
+}
 
 
 @dataclass(frozen=True)
@@ -113,6 +143,9 @@ class CaseResult:
     # is the outcome (appending it is what to stop).
     dropped: str | None = None
     template: str | None = None  # the named template the case ran with
+    # Rendered whole (`turn.plan`), the first turn that would start a new
+    # segment and why; empty when none would.
+    whole: str = ""
 
 
 _WEATHER: Final = {
@@ -163,8 +196,12 @@ def _result(call_id: str, text: str) -> Message:
 
 
 def canonical_cases(tok: ChatTokenizer) -> list[Case]:
+    """The cases, each with at least two turn junctions of its kind (two
+    tool rounds, two appended messages of a role): a piece the template
+    renders from the history (a number counted over the conversation)
+    differs from the junction's only from the second one on."""
     call_ids = CallIds(tok)
-    first, second = call_ids(0), call_ids(1)
+    ids = [call_ids(n) for n in range(4)]
     weather = [_WEATHER]
     return [
         Case(
@@ -178,8 +215,9 @@ def canonical_cases(tok: ChatTokenizer) -> list[Case]:
         Case(
             "tool call",
             (
-                Turn((_SYSTEM, _user("Weather in Paris?")), _calls([first], ["Paris"])),
-                Turn((_result(first, "sunny"),), _text("It is sunny in Paris.")),
+                Turn((_SYSTEM, _user("Weather in Paris, then Rome?")), _calls(ids[:1], ["Paris"])),
+                Turn((_result(ids[0], "sunny"),), _calls(ids[1:2], ["Rome"])),
+                Turn((_result(ids[1], "rain"),), _text("Sunny in Paris, rain in Rome.")),
             ),
             (_user("And tomorrow?"),),
             tools=weather,
@@ -188,12 +226,16 @@ def canonical_cases(tok: ChatTokenizer) -> list[Case]:
             "parallel tool calls",
             (
                 Turn(
-                    (_SYSTEM, _user("Weather in Paris and Rome?")),
-                    _calls([first, second], ["Paris", "Rome"]),
+                    (_SYSTEM, _user("Weather in Paris and Rome, then Oslo and Lima?")),
+                    _calls(ids[:2], ["Paris", "Rome"]),
                 ),
                 Turn(
-                    (_result(first, "sunny"), _result(second, "rain")),
-                    _text("Sunny in Paris, rain in Rome."),
+                    (_result(ids[0], "sunny"), _result(ids[1], "rain")),
+                    _calls(ids[2:], ["Oslo", "Lima"]),
+                ),
+                Turn(
+                    (_result(ids[2], "snow"), _result(ids[3], "fog")),
+                    _text("Sunny, rain, snow and fog."),
                 ),
             ),
             (_user("Thanks."),),
@@ -215,19 +257,33 @@ def canonical_cases(tok: ChatTokenizer) -> list[Case]:
                     _text("Once upon a time there"),
                     cut=True,
                 ),
+                Turn((_user("Go on."),), _text("was a king who"), cut=True),
             ),
-            (_user("Go on."),),
+            (_user("Thanks."),),
         ),
         *(
             Case(
                 f"appended {role} message",
-                (Turn((_user("Hello there."),), _text("Hi. How can I help?")),),
-                ({"role": role, "content": "Answer briefly."}, _user("Why is the sky blue?")),
+                (
+                    Turn((_user("Hello there."),), _text("Hi. How can I help?")),
+                    Turn(
+                        (
+                            {"role": role, "content": "Answer briefly."},
+                            _user("Why is the sky blue?"),
+                        ),
+                        _text("Light scatters."),
+                    ),
+                ),
+                ({"role": role, "content": "Answer in one word."}, _user("And the sea?")),
                 role=role,
             )
             for role in ("system", "developer")
         ),
     ]
+
+
+def _show(tok: ChatTokenizer, ids: Sequence[int]) -> str:
+    return repr("".join(tok.decode_pieces(ids)))
 
 
 def _where(at: int, spans: Sequence[tuple[int, int, str]]) -> str:
@@ -252,7 +308,7 @@ def junction_problem(
         return None
 
     def show(ids: Sequence[int]) -> str:
-        return repr("".join(tok.decode_pieces(ids)))
+        return _show(tok, ids)
 
     special = tok.special_ids
     common = shared_prefix(server[::-1], reference[::-1])  # the common suffix
@@ -261,9 +317,9 @@ def junction_problem(
     theirs_shown = show([] if theirs is None else [theirs])
     if common < len(prompt):
         at = len(server) - common - 1
-        return Outcome.REWRITES, (
-            "the template renders the appended messages differently after the real "
-            f"history: sent {show([server[at]])} where a full render has {theirs_shown}"
+        return Outcome.HISTORY_DEPENDENT, (
+            f"{_RENDERS_OTHERWISE}: sent {show([server[at]])} where a full render has "
+            f"{theirs_shown}"
         )
     if common == len(prompt):
         ours = sampled_last
@@ -303,8 +359,40 @@ def junction_problem(
     )
 
 
+class _Whole:
+    """A case's session as the server keeps it when the template is served
+    rendered whole (`turn.plan`), and the first turn that would start a new
+    segment (`CaseResult.whole`)."""
+
+    def __init__(self, tok: ChatTokenizer) -> None:
+        self.tok = tok
+        self.ids: list[int] = []
+        self.note = ""
+
+    def turn(self, index: int, alike: bool, prompt: Sequence[int], render: list[int]) -> None:
+        """Turn `index`: the token-in/token-out `prompt` where the template
+        appends `alike`, else the whole `render`, which starts a new segment
+        unless it starts with the session's ids."""
+        ids = self.ids
+        if alike:
+            self.ids = [*ids, *prompt]
+            return
+        self.ids = render
+        if len(render) > len(ids) and render[: len(ids)] == ids:
+            return
+        if not self.note:
+            at = shared_prefix(ids, render)
+            ours, theirs = _show(self.tok, ids[at : at + 3]), _show(self.tok, render[at : at + 3])
+            self.note = (
+                f"turn {index + 1} starts a new segment: its appended messages render otherwise "
+                f"after the real history, and the render rewrites the session's ids ({ours} "
+                f"became {theirs})"
+            )
+
+
 def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseResult:
-    """Run one case through the server's prompt building (see the module docstring)."""
+    """Run one case through the server's prompt building (see the module
+    docstring), token-in/token-out and rendered whole."""
     messages: list[Message] = []
     ids: list[int] = []
     sampled: list[int] = []
@@ -312,8 +400,10 @@ def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseR
     stopped = True
     worst = Outcome.EXACT
     at: list[frozenset[str]] = []  # the appended roles of the turns `worst` showed at
-    notes: list[str] = []
+    notes: list[tuple[Outcome, str]] = []
+    seen: set[str] = set()
     roles: frozenset[str] = frozenset()
+    whole = _Whole(tok)
     try:
         for index, turn in enumerate([*case.turns, None]):
             new = list(turn.new) if turn is not None else list(case.final)
@@ -322,6 +412,7 @@ def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseR
             junction = Junction((), 0)
             if index == 0:
                 prompt = tok.first_turn(new, tools=case.tools, kwargs=kwargs)
+                whole.ids = list(prompt)
             else:
                 junction = tok.junction(messages[-1], new, tools=case.tools, kwargs=kwargs)
                 prompt = continuation(
@@ -332,13 +423,32 @@ def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseR
             spans.append((len(ids), len(server), f"the prompt of turn {index + 1}"))
             if index:
                 reference = tok.first_turn(messages, tools=case.tools, kwargs=kwargs)
+                alike = tok.appends_alike(
+                    messages[: len(messages) - len(new) - 1],
+                    messages[-len(new) - 1],
+                    new,
+                    tools=case.tools,
+                    kwargs=kwargs,
+                )
+                whole.turn(index, alike, prompt, reference)
                 problem = junction_problem(
                     tok, sampled[-1], prompt, junction, stopped, server, reference, spans
                 )
+                if not alike and (
+                    problem is None or _RANK[problem[0]] < _RANK[Outcome.HISTORY_DEPENDENT]
+                ):
+                    # The render ends with the same ids, after more or other
+                    # text than the synthetic context has before them (a
+                    # block the template moves in front of the new messages).
+                    problem = Outcome.HISTORY_DEPENDENT, _RENDERS_OTHERWISE
                 if problem is not None:
                     outcome, why = problem
-                    if why not in notes:
-                        notes.append(why)
+                    if why not in seen:  # named at the first turn it shows at
+                        seen.add(why)
+                        turn_of = (
+                            f"turn {index + 1}: " if outcome is Outcome.HISTORY_DEPENDENT else ""
+                        )
+                        notes.append((outcome, turn_of + why))
                     if _RANK[outcome] > _RANK[worst]:
                         worst, at = outcome, []
                     if outcome is worst and roles not in at:
@@ -350,6 +460,7 @@ def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseR
             if turn.cut:
                 sampled = sampled[:-1]
             ids = [*server, *sampled]
+            whole.ids = [*whole.ids, *sampled]
             spans.append((len(server), len(ids), f"the answer of turn {index + 1}"))
             messages.append(turn.answer)
     except TemplateCannotExtend as exc:
@@ -369,29 +480,73 @@ def run_case(tok: ChatTokenizer, case: Case, kwargs: Mapping[str, Any]) -> CaseR
         return CaseResult(
             case.name, Outcome.UNSUPPORTED, f"model output: {exc}", case.role, (roles,)
         )
-    return CaseResult(case.name, worst, "; ".join(notes), case.role, tuple(at))
+    # In a history-dependent case, what the token-in/token-out prompts then
+    # rewrite follows from them: only the history-dependence is named.
+    shown = [
+        why for outcome, why in notes if worst is not Outcome.HISTORY_DEPENDENT or outcome is worst
+    ]
+    return CaseResult(case.name, worst, "; ".join(shown), case.role, tuple(at), whole=whole.note)
 
 
 def check_template(tok: ChatTokenizer, kwargs: Mapping[str, Any]) -> list[CaseResult]:
     """Every canonical case through each template the server would render
-    it with (see the module docstring)."""
+    it with (see the module docstring). The cases of a template served
+    rendered whole say which turn would start a segment."""
     cases = canonical_cases(tok)
     if len(tok.templates) == 1:
         name = tok.templates[0].name
-        return [replace(run_case(tok, case, kwargs), template=name) for case in cases]
-    plain, tooled = tok.templates
-    results = [
-        replace(run_case(tok, case, kwargs), template=plain.name)
-        for case in cases
-        if not case.tools
-    ]
-    # The tool template serves every request with tools, plain answers too.
-    weather = [_WEATHER]
-    return results + [
-        replace(run_case(tok, replace(case, tools=case.tools or weather), kwargs),
-                template=tooled.name)
-        for case in cases
-    ]  # fmt: skip
+        results = [replace(run_case(tok, case, kwargs), template=name) for case in cases]
+    else:
+        plain, tooled = tok.templates
+        results = [
+            replace(run_case(tok, case, kwargs), template=plain.name)
+            for case in cases
+            if not case.tools
+        ]
+        # The tool template serves every request with tools, plain answers too.
+        weather = [_WEATHER]
+        results += [
+            replace(run_case(tok, replace(case, tools=case.tools or weather), kwargs),
+                    template=tooled.name)
+            for case in cases
+        ]  # fmt: skip
+    whole = rendered_whole(results)
+    return [_served_whole(r) if r.template in whole else r for r in results]
+
+
+def _served_whole(result: CaseResult) -> CaseResult:
+    """`result` of a template served rendered whole, its detail saying what
+    that does to the case: where a turn starts a segment, or, for a
+    history-dependent case, that none does."""
+    if result.whole:
+        note = result.whole
+    elif result.outcome is Outcome.HISTORY_DEPENDENT:
+        note = "every turn continues the session"
+    else:
+        return result
+    return replace(
+        result, detail="; ".join(filter(None, (result.detail, f"rendered whole, {note}")))
+    )
+
+
+def rendered_whole(results: Sequence[CaseResult]) -> dict[str | None, str]:
+    """The templates to serve rendered whole (`TurnPolicy.rendered_whole`):
+    each with a history-dependent case, and the line that says so, with its
+    cost."""
+    cases: dict[str | None, list[str]] = {}
+    for r in results:
+        if r.outcome is Outcome.HISTORY_DEPENDENT:
+            cases.setdefault(r.template, []).append(r.name)
+    return {
+        name: (
+            f"{'the chat template' if name is None else f'chat template {name!r}'} renders "
+            f"appended messages from the history ({', '.join(names)}): it is served rendered "
+            "whole, each later turn rendering the whole conversation (and tokenising it where "
+            "the appended messages render otherwise after it), a cost that grows with the "
+            "history (docs/templates.md#history-dependent-templates)"
+        )
+        for name, names in cases.items()
+    }
 
 
 def reachable(result: CaseResult, roles: Collection[str]) -> bool:

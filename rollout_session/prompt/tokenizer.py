@@ -27,6 +27,12 @@ rendered with ``tool_use`` when there is one, any other with ``default``
 start a new one), so a segment never mixes templates. ``--chat-template``
 (a file, a built-in or one of the names) serves one template for all.
 
+A template whose appended messages depend on the history (Command-R7B
+numbers tool results across the conversation) is not served by the
+synthetic context alone: the start-up check finds it, and each of its turns
+asks `appends_alike` whether the template writes the same after the real
+history (docs/templates.md#history-dependent-templates).
+
 Messages reach the template as SGLang and vLLM hand them over
 (`prompt.template_input`). A template's own ``raise_exception`` is the
 request's fault (400); any other template failure is ours (500, logged).
@@ -574,6 +580,41 @@ class ChatTokenizer:
         if not closing or not same.startswith(closing):
             raise InvariantViolated(_NO_TAIL)
         return same[len(closing) :]
+
+    def appends_alike(
+        self,
+        history: Sequence[Message],
+        previous: Message,
+        new_messages: Sequence[Message],
+        *,
+        tools: list[Any] | None,
+        kwargs: Mapping[str, Any],
+    ) -> bool:
+        """Whether the template writes the same after the content of
+        `previous` (the last answer) when `new_messages` follow, with the
+        real `history` before it as with the synthetic context: `junction`'s
+        ids are then the template's own after this history. False also when
+        the answer's place in the real render cannot be told.
+
+        One render of the whole conversation, not tokenised: the price of a
+        template whose appended messages depend on the history
+        (docs/templates.md#history-dependent-templates)."""
+        shape = self._shape(previous.get("tool_calls"), tools, kwargs)
+        synthetic = self._followed(previous, shape, new_messages, tools, kwargs)
+        [_, answer] = self._context(previous)
+        text = self.render(
+            [*history, answer, *new_messages],
+            tools=tools,
+            kwargs=kwargs,
+            add_generation_prompt=True,
+        )
+        if shape.prompt is None:  # the sentinel marks the end of the content
+            at = text.find(_SENTINEL)
+            return at >= 0 and text[at + len(_SENTINEL) :] == synthetic
+        # A template that does not render a tool-call message's content:
+        # `synthetic` opens with the calls' rendering, so the render ending
+        # with it has the answer's calls, then the same appended text.
+        return bool(previous.get("tool_calls")) and text.endswith(synthetic)
 
     def unrendered(
         self,

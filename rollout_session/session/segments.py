@@ -76,8 +76,9 @@ class Divergence(enum.Enum):
     # The history matches, but an appended message has a role the template
     # does not render in place (e.g. a mid-conversation system message).
     APPENDED_ROLE = "appended_role"
-    # --prompt-mode render: the template renders the history differently from
-    # the segment's ids (it rewrites earlier turns, or re-tokenises an answer).
+    # A turn rendered whole (--prompt-mode render, or a template whose
+    # appended messages depend on the history) whose render differs from the
+    # segment's ids (it rewrites earlier turns, or re-tokenises an answer).
     RENDERED_DIFFERENTLY = "rendered_differently"
 
 

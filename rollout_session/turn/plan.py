@@ -5,6 +5,13 @@ prompt ids (docs/api.md#history-rules, docs/training.md#segments).
 the turn will commit if the worker answers well, touching nothing else. It
 takes exactly what planning needs — the tokenizer and a `TurnPolicy` drawn
 from the settings — so unit tests and benches call it directly.
+
+A later turn's prompt is token-in/token-out (the stored ids, then the
+junction: `prompt.tokenizer`), or the whole request rendered: under
+``--prompt-mode render``, and on a turn of a template whose appended
+messages depend on the history (`TurnPolicy.rendered_whole`, from the
+start-up check) that they render otherwise after this history than the
+junction has them (docs/templates.md#history-dependent-templates).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ __all__ = ["TurnPolicy", "plan_turn"]
 @dataclass(frozen=True, slots=True)
 class TurnPolicy:
     """The settings a turn follows, fixed for the app. `plan_turn` reads the
-    first five; the turn runner the rest."""
+    first seven; the turn runner the rest."""
 
     # Roles an agent may append after an answer and the segment goes on:
     # --append-roles, plus those the start-up template check found the
@@ -45,6 +52,10 @@ class TurnPolicy:
     chat_template_kwargs: Mapping[str, Any]  # defaults under each request's own
     on_divergence: OnDivergence = OnDivergence.SEGMENT
     prompt_mode: PromptMode = PromptMode.TITO
+    # The templates (by name; None: the only one) whose appended messages the
+    # start-up check found depend on the history: each turn asks whether
+    # this history is one they do, and then renders the whole request.
+    rendered_whole: frozenset[str | None] = frozenset()
     max_segments: int = 1000  # segments per session (they bound its memory)
     max_session_tokens: int | None = None  # prompt + max_tokens cap per session
     default_priority: int | None = None  # SGLang priority of sessions created without one
@@ -236,15 +247,24 @@ def _continue(
     messages after them."""
     if keep == 0:
         return _from_scratch(request, prompter, kwargs, rollback=rollback)
-    trajectory = session.trajectory
     if policy.prompt_mode is PromptMode.RENDER:
         return _rendered(session, request, prompter, policy, kwargs, keep, rollback)
+    trajectory = session.trajectory
     last = trajectory.turns[keep - 1]
+    answer = last.messages_end - 1
+    previous = session.conversation.message(answer)
+    new = request.messages[last.messages_end :]
+    tok = prompter.tok
+    if tok.template_for(request.tools).name in policy.rendered_whole and not tok.appends_alike(
+        request.messages[:answer], previous, new, tools=request.tools, kwargs=kwargs
+    ):
+        # The junction would append what no render of this conversation holds.
+        return _rendered(session, request, prompter, policy, kwargs, keep, rollback, whole=True)
     base = trajectory.length_after(keep)
     try:
-        junction = prompter.tok.junction(
-            session.conversation.message(last.messages_end - 1),
-            request.messages[last.messages_end :],
+        junction = tok.junction(
+            previous,
+            new,
             tools=request.tools,
             kwargs=kwargs,
             most=prompter.most(base),
@@ -255,7 +275,7 @@ def _continue(
         trajectory.sampled_ids(keep - 1),
         junction,
         stopped=last.finish_reason in STOPPED,
-        special_ids=prompter.tok.special_ids,
+        special_ids=tok.special_ids,
     )
     input_ids = trajectory.tokens.prefix_ids(base, prompt)
     return TurnPlan(
@@ -278,9 +298,12 @@ def _rendered(
     kwargs: dict[str, Any],
     keep: int,
     rollback: Rollback | None,
+    *,
+    whole: bool = False,
 ) -> TurnPlan:
-    """--prompt-mode render: the whole request rendered; it continues the
-    kept turns only if it starts with their ids exactly."""
+    """The whole request rendered (--prompt-mode render, or `whole`: a turn
+    whose appended messages the template renders from the history); it
+    continues the kept turns only if it starts with their ids exactly."""
     trajectory = session.trajectory
     full = prompter.first_turn(request, kwargs)
     base = trajectory.length_after(keep)
@@ -308,9 +331,15 @@ def _rendered(
     else:
         message = turns[turn.index - 1].messages_end if turn.index else 0
     if policy.on_divergence is not OnDivergence.SEGMENT:
+        mode = (
+            "the template writes the appended messages from the history, so the turn is "
+            "rendered whole, and"
+            if whole
+            else "--prompt-mode render with"
+        )
         raise TrajectoryDiverged(
             "the chat template renders this request's history differently from the "
-            f"session's tokens (in message {message}); --prompt-mode render with "
+            f"session's tokens (in message {message}); {mode} "
             f"--on-divergence {policy.on_divergence.value} cannot continue it",
             param="messages",
         )

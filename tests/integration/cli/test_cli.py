@@ -75,8 +75,16 @@ async def test_serve_refuses_a_template_it_cannot_extend_exactly() -> None:
           "then starts a new segment), or serve another template with --chat-template FILE:\n",
           "  - appended system message: server: the chat template does not render appended "
           "message 0 (role 'system')"]),
+        # Appended messages that depend on the history: said, and how it is served.
+        (family_path("mistral-nemo"), "tool,user", 0,
+         ["plain                       history-dependent: turn 2: the appended messages render "
+          "otherwise after the real history: sent '[INST]' where a full render has '.\\n\\n'; "
+          "rendered whole, turn 2 starts a new segment",
+          "\nthe chat template renders appended messages from the history (plain, tool call, "
+          "parallel tool calls, reasoning, cut by max_tokens): it is served rendered whole, "
+          "each later turn rendering the whole conversation"]),
     ],
-    ids=["gpt-oss", "deepseek-system"],
+    ids=["gpt-oss", "deepseek-system", "mistral-history-dependent"],
 )  # fmt: skip
 async def test_check_template_reports_per_case(
     model: Path, roles: str, code: int, expected: list[str]

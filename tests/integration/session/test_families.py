@@ -6,7 +6,10 @@ Per turn: the prompt equals the template's rendering of that request where
 `check-template` says the family is exact, and otherwise its appended part
 is exactly the template's tail, joined to the sampled ids the way the check
 accepts (never a duplicated, missing or foreign token); the sampled ids are
-the worker's, under mask 1, and nothing else is.
+the worker's, under mask 1, and nothing else is. A family served rendered
+whole (history-dependent: docs/templates.md#history-dependent-templates)
+starts a segment where its render cannot continue the session; each
+segment's first prompt is the template's rendering of its request.
 """
 
 from __future__ import annotations
@@ -186,6 +189,23 @@ def _check_turns(
     kwargs: dict[str, Any],
     exact: bool,
 ) -> None:
+    """Every segment of the export `doc` (schema 3) against the episode's turns."""
+    assert sum(len(s["turns"]) for s in doc["segments"]) == len(episode.turns)
+    first = 0
+    for segment in doc["segments"]:
+        check_document(segment)
+        turns = Episode(episode.tools, episode.turns[first : first + len(segment["turns"])])
+        _check_segment(tok, segment, turns, kwargs, exact)
+        first += len(segment["turns"])
+
+
+def _check_segment(
+    tok: ChatTokenizer,
+    doc: dict[str, Any],
+    episode: Episode,
+    kwargs: dict[str, Any],
+    exact: bool,
+) -> None:
     ids: list[int] = doc["token_ids"]
     assert len(doc["turns"]) == len(episode.turns)
     spans: list[tuple[int, int, str]] = []
@@ -213,6 +233,11 @@ def _check_turns(
             tok, ids[start - 1], ids[start:middle], junction, stopped, server, reference, spans
         )
         assert problem is None or problem[0] is Outcome.REWRITES, (f"turn {k + 1}", problem)
+        # ... and the template's own after this history, not only after the
+        # junction's synthetic context (history-dependent templates).
+        assert tok.appends_alike(
+            previous.request, previous.answer, new, tools=episode.tools, kwargs=kwargs
+        ), f"turn {k + 1}"
 
 
 def calls_written(tok: ChatTokenizer) -> int:
@@ -259,6 +284,7 @@ async def test_family_episodes_are_exact(
     url = await serve_family(family, kwargs)
     tok = family_tokenizer(family)
     outcomes = dict(zip(CASES, REPORT[family], strict=True))
+    whole = Outcome.HISTORY_DEPENDENT in outcomes.values()
     lists_tools = "tools" in template_text(family)
     async with httpx.AsyncClient(base_url=url, timeout=30, verify=TLS) as trainer:
         for pattern in PATTERNS:
@@ -292,8 +318,9 @@ async def test_family_episodes_are_exact(
                 episode = await _episode(agent, tools=None, cut_at=1)
                 assert len(episode.turns[1].sampled) == 3
             await agent.close()
-            doc = (await trainer.get(f"/sessions/{sid}/trajectory", params={"schema": 1})).json()
-            check_document(doc)
+            doc = (await trainer.get(f"/sessions/{sid}/trajectory")).json()
+            # Only a template served rendered whole starts segments in these episodes.
+            assert len(doc["segments"]) == 1 or whole, [s["branch"] for s in doc["segments"]]
             # Reasoning answers are exact where the check's reasoning case is.
             any_reasoning = any(t.answer.get("reasoning_content") for t in episode.turns)
             exact = (

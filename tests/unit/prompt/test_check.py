@@ -1,5 +1,6 @@
 """`check-template` on the genuine templates: the per-family report, and that
-the check catches the junction bugs real templates exposed."""
+the check catches the junction bugs real templates exposed, and the
+templates whose appended pieces depend on the history."""
 
 from __future__ import annotations
 
@@ -7,22 +8,28 @@ from typing import Any
 
 import pytest
 
+from rollout_session.emulator.tokenizer import bundled_tokenizer_path
 from rollout_session.prompt import check
 from rollout_session.prompt.check import (
+    Case,
     Outcome,
+    canonical_cases,
     check_template,
     format_report,
+    rendered_whole,
     role_fix,
+    run_case,
     startup_problems,
     startup_refusal,
 )
 from rollout_session.prompt.junction import continuation
 from rollout_session.prompt.model_output import answer_ids
-from rollout_session.prompt.tokenizer import ChatTokenizer
+from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
 from tests import FIXTURES
 from tests.families import family_tokenizer, model_tokenizer
 
 E, R, U, C = Outcome.EXACT, Outcome.REWRITES, Outcome.UNSUPPORTED, Outcome.CORRUPT
+H = Outcome.HISTORY_DEPENDENT
 CASES = (
     "plain",
     "tool call",
@@ -35,8 +42,11 @@ CASES = (
 # The report of `rollout-session check-template` per family (docs/templates.md).
 # R: the template re-renders history differently from what was sampled
 # (Qwen3 and DeepSeek-R1 strip reasoning, harmony writes <|end|> for the
-# sampled <|return|>, Mistral moves the system prompt and the tools
-# list to the last user turn);
+# sampled <|return|>);
+# H: the appended messages render otherwise after the real history
+# (Mistral moves the system prompt and the tools list into the last user
+# turn; DeepSeek-R1 opens a second round of tool outputs as a continuation
+# of the first): the template is served rendered whole;
 # U: the template (or, for a dropped or moved message, the server) refuses.
 REPORT: dict[str, tuple[Outcome, ...]] = {
     "qwen2.5": (E, E, E, E, E, E, U),
@@ -45,11 +55,11 @@ REPORT: dict[str, tuple[Outcome, ...]] = {
     "llama-3.1": (E, E, U, E, E, E, E),
     "llama-3.2": (E, E, U, E, E, E, E),
     "deepseek-v3.1": (E, E, E, E, E, U, U),
-    "deepseek-r1": (R, R, R, R, R, U, U),
+    "deepseek-r1": (R, H, H, R, R, U, U),
     "glm-4.6": (E, E, E, R, E, R, U),
     "kimi-k2": (E, E, E, E, E, E, E),
     "gpt-oss": (R, R, R, R, E, U, U),
-    "mistral-nemo": (R, R, R, R, R, U, U),
+    "mistral-nemo": (H, H, H, H, H, U, U),
 }
 
 
@@ -60,6 +70,8 @@ def test_report_per_family(family: str) -> None:
     assert {r.name: r.outcome for r in results} == dict(zip(CASES, REPORT[family], strict=True))
     # No family is corrupt, and with the default append roles every one serves.
     assert startup_problems(results, {"tool", "user"}) == []
+    # Rendered whole exactly when a case is history-dependent.
+    assert list(rendered_whole(results)) == ([None] if H in REPORT[family] else [])
 
 
 @pytest.mark.parametrize(
@@ -161,14 +173,126 @@ def test_a_tools_only_template_does_not_fail_start_up() -> None:
     assert startup_problems(results, {"tool", "user"}) == []
 
 
-def test_a_template_ending_every_last_turn_with_a_generation_prompt_is_exact() -> None:
+def test_a_template_ending_every_last_turn_with_a_generation_prompt_is_served() -> None:
     """Command-R7B's tool-use template was refused ("renders the previous
-    answer's tool calls differently when messages follow"): exact now."""
+    answer's tool calls differently when messages follow"): served now,
+    rendered whole for its numbered tool results (below), exact otherwise."""
     results = check_template(model_tokenizer("command-r7b"), {})
     assert {r.name: r.outcome for r in results} == dict(
-        zip(CASES, (E, E, E, E, E, E, U), strict=True)
+        zip(CASES, (E, H, H, E, E, E, U), strict=True)
     )
     assert startup_refusal(results, {"tool", "user", "system"}) is None
+
+
+def _rounds(case: Case, rounds: int) -> Case:
+    """`case` cut after `rounds` answers, the next turn's messages appended last."""
+    return Case(case.name, case.turns[:rounds], case.turns[rounds].new, case.tools)
+
+
+def test_numbered_tool_results_show_from_the_second_tool_round() -> None:
+    """Command-R7B numbers tool calls across the conversation, and a tool
+    result names its call by that number. After one tool round the junction's
+    synthetic context numbers it as the history does ("0"); from the second
+    on it does not ("0" where a full render has "1"). The check had one
+    tool round per case, so it reported the template exact."""
+    tok = model_tokenizer("command-r7b")
+    [case] = [c for c in canonical_cases(tok) if c.name == "tool call"]
+    one = run_case(tok, _rounds(case, 1), {})
+    assert (one.outcome, one.detail) == (E, "")
+    two = run_case(tok, case, {})
+    assert (two.outcome, two.at) == (H, (frozenset({"tool"}),))
+    assert two.detail == (
+        "turn 3: the appended messages render otherwise after the real history: "
+        "sent '0' where a full render has '1'"
+    )
+    # Rendered whole, the render starts with the session's ids: no segment starts.
+    assert two.whole == ""
+
+
+def test_check_template_says_how_a_history_dependent_template_is_served() -> None:
+    """The report names the case, the turn and the differing text, and what
+    rendering whole does to it; `rendered_whole` the template, the mode and
+    its cost (what `serve` logs and `check-template` prints after the
+    report)."""
+    results = check_template(model_tokenizer("command-r7b"), {})
+    assert (
+        "tool call                   history-dependent: turn 3: the appended messages render "
+        "otherwise after the real history: sent '0' where a full render has '1'; rendered "
+        "whole, every turn continues the session"
+    ) in format_report(results).splitlines()
+    [(name, line)] = rendered_whole(results).items()
+    assert name is None
+    assert line.startswith(
+        "the chat template renders appended messages from the history (tool call, "
+        "parallel tool calls): it is served rendered whole, each later turn rendering the "
+        "whole conversation (and tokenising it where the appended messages render otherwise "
+        "after it), a cost that grows with the history"
+    )
+
+
+HISTORY_TEMPLATES = FIXTURES / "history-templates"
+
+
+@pytest.mark.parametrize(
+    ("template", "outcomes", "detail", "whole"),
+    [
+        (
+            "counts-users",
+            (H, E, E, H, H, H, H),
+            "turn 3: the appended messages render otherwise after the real history: sent '2' "
+            "where a full render has '3'",
+            "",
+        ),
+        (
+            "counts-users-upper-first",
+            (H, R, R, H, H, H, H),
+            "turn 3: the appended messages render otherwise after the real history: sent '2' "
+            "where a full render has '3'",
+            "turn 3 starts a new segment: its appended messages render otherwise after the real "
+            "history, and the render rewrites the session's ids ('You are a' became 'YOU ARE A')",
+        ),
+        (
+            # The render ends with the junction's ids, after the system block
+            # it moves there: the ids alone show only a rewritten history.
+            "moves-system",
+            (H, H, H, H, H, E, E),
+            "turn 2: the appended messages render otherwise after the real history",
+            "turn 2 starts a new segment: its appended messages render otherwise after the real "
+            "history, and the render rewrites the session's ids ('system\\nYou' became "
+            "'user\\nHello')",
+        ),
+    ],
+    ids=["counts", "counts-and-rewrites", "moves-system"],
+)
+def test_templates_whose_appended_messages_depend_on_the_history(
+    template: str, outcomes: tuple[Outcome, ...], detail: str, whole: str
+) -> None:
+    """Numbered user messages: the second appended user message is "#2"
+    after the synthetic context, "#3" after the real history. A system
+    message written before the last user message: each appended user message
+    takes it. Rendered whole, a turn whose render does not start with the
+    session's ids (the template rewrites them) starts a new segment."""
+    tok = load_tokenizer(bundled_tokenizer_path(), str(HISTORY_TEMPLATES / f"{template}.jinja"))
+    results = check_template(tok, {})
+    assert tuple(r.outcome for r in results) == outcomes
+    plain = results[0]
+    assert (plain.detail.split("; ")[0], plain.whole) == (detail, whole)
+    assert plain.detail.endswith(f"rendered whole, {whole or 'every turn continues the session'}")
+    assert list(rendered_whole(results)) == [None]
+
+
+def test_a_rewriting_template_rendered_whole_keeps_the_ids_it_rewrites() -> None:
+    """DeepSeek-R1 is rendered whole (its second round of tool outputs
+    opens as a continuation of the first). Its plain turns' render strips
+    the sampled reasoning, but the template appends them alike after the
+    real history: the session keeps what the model saw, as token-in/token-out
+    does. Its second tool round renders otherwise, and the render does not
+    start with the session's ids: a new segment."""
+    results = {r.name: r for r in check_template(family_tokenizer("deepseek-r1"), {})}
+    assert (results["plain"].outcome, results["plain"].whole) == (R, "")
+    assert "rendered whole" not in results["plain"].detail
+    assert results["tool call"].outcome is H
+    assert results["tool call"].whole.startswith("turn 3 starts a new segment")
 
 
 @pytest.mark.parametrize(

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from rollout_session.emulator.tokenizer import bundled_tokenizer_path
 from rollout_session.errors import InvalidRequest, InvariantViolated, TemplateCannotExtend
 from rollout_session.prompt.junction import continuation
 from rollout_session.prompt.model_output import answer_ids
-from rollout_session.prompt.tokenizer import ChatTokenizer
+from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
+from tests import FIXTURES
 from tests.conftest import TOOLS
 from tests.families import FAMILIES, family_tokenizer, model_tokenizer
 
@@ -42,6 +45,8 @@ def _extended(tok: ChatTokenizer, new: list[dict[str, Any]]) -> tuple[list[int],
     full = tok.first_turn([*HISTORY, ANSWER, *new], tools=TOOLS, kwargs={})
     return [*prompt, *sampled, *delta], full
 
+
+HISTORY_TEMPLATES = FIXTURES / "history-templates"
 
 # Families whose template renders this conversation's history as sampled.
 EXACT = ("qwen2.5", "qwen3-coder", "llama-3.1", "llama-3.2", "deepseek-v3.1", "glm-4.6")
@@ -187,6 +192,74 @@ def test_a_tools_only_template_refuses_a_request_without_tools() -> None:
         tok.first_turn(CONVERSATION, tools=None, kwargs={})
     assert not isinstance(raised.value, InvariantViolated) and raised.value.param == "tools"
     assert tok.first_turn(CONVERSATION, tools=TOOLS, kwargs={})
+
+
+# What `appends_alike` is asked about: ANSWER's tool round, a second one,
+# and a third user message after a text answer.
+CALL2 = {
+    "id": "f5g6h7i8j",
+    "type": "function",
+    "function": {"name": "read_file", "arguments": {"path": "b.py"}},
+}
+ROUNDS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]] = {
+    "first-tool-round": (HISTORY, ANSWER, APPENDS["tool"]),
+    "second-tool-round": (
+        [*HISTORY, ANSWER, *APPENDS["tool"]],
+        {"role": "assistant", "content": "", "tool_calls": [CALL2]},
+        [{"role": "tool", "tool_call_id": "f5g6h7i8j", "content": "y = 2"}],
+    ),
+    "user-after-text": (
+        [
+            *HISTORY,
+            ANSWER,
+            *APPENDS["tool"],
+            {"role": "assistant", "content": "It sets x."},
+            {"role": "user", "content": "And then?"},
+        ],
+        {"role": "assistant", "content": "Nothing."},
+        [{"role": "user", "content": "Thanks."}],
+    ),
+}
+
+
+def _fixture_template(name: str) -> ChatTokenizer:
+    return load_tokenizer(bundled_tokenizer_path(), str(HISTORY_TEMPLATES / f"{name}.jinja"))
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "rounds", "alike"),
+    [
+        # The synthetic context renders these as the real history does.
+        (lambda: family_tokenizer("qwen2.5"), list(ROUNDS), True),
+        # Calls without their content rendered (the generation-prompt split).
+        (lambda: family_tokenizer("llama-3.1"), ["first-tool-round", "second-tool-round"], True),
+        # Tool results name their call by its number across the conversation.
+        (lambda: model_tokenizer("command-r7b"), ["first-tool-round", "user-after-text"], True),
+        (lambda: model_tokenizer("command-r7b"), ["second-tool-round"], False),
+        # The system prompt and the tools go into the last user message.
+        (lambda: family_tokenizer("mistral-nemo"), ["first-tool-round", "second-tool-round"], True),
+        (lambda: family_tokenizer("mistral-nemo"), ["user-after-text"], False),
+        # A system block moved in front of the appended user message.
+        (lambda: _fixture_template("moves-system"), ["user-after-text"], False),
+        (lambda: _fixture_template("counts-users"), ["first-tool-round"], True),
+        (lambda: _fixture_template("counts-users"), ["user-after-text"], False),
+    ],
+    ids=[
+        "qwen2.5", "llama-3.1", "command-r7b-first-round", "command-r7b-second-round",
+        "mistral-nemo-tool-rounds", "mistral-nemo-user", "moves-system", "counts-first-user",
+        "counts-second-user",
+    ],
+)  # fmt: skip
+def test_appends_alike_after_the_real_history(
+    tokenizer: Callable[[], ChatTokenizer], rounds: list[str], alike: bool
+) -> None:
+    """Whether the template writes after the last answer, with the real
+    history before it, what the junction's synthetic context has: where it
+    does, the junction's ids are the template's own after this history."""
+    tok = tokenizer()
+    for name in rounds:
+        history, previous, new = ROUNDS[name]
+        assert tok.appends_alike(history, previous, new, tools=TOOLS, kwargs={}) is alike, name
 
 
 def test_several_templates_without_a_default_name_the_fix(hf_tokenizer: Any) -> None:

@@ -38,6 +38,7 @@ from rollout_session.session.session import Session, SessionRegistry
 from rollout_session.session.trajectory import Turn
 from rollout_session.turn.plan import TurnPolicy, plan_turn
 from rollout_session.turn.request import ChatRequest, chat_request
+from tests import FIXTURES
 
 # The bundled vocabulary's ChatML markers (single special tokens).
 IM_START = 128000
@@ -782,6 +783,120 @@ def test_render_that_does_not_reproduce_the_ids_is_refused(
         plan_turn(session, request([U0, A0, U1]), tok, pol)
     assert f"--on-divergence {on_divergence.value}" in raised.value.message
     assert raised.value.param == "messages"
+
+
+# --- a template rendered whole (its appended messages depend on the history) ---
+
+HISTORY_TEMPLATES = FIXTURES / "history-templates"
+WHOLE = policy(rendered_whole=frozenset({None}))  # as the start-up check serves one
+
+
+def fixture_template(name: str) -> ChatTokenizer:
+    """A ChatML template of tests/fixtures/history-templates."""
+    return load_tokenizer(bundled_tokenizer_path(), str(HISTORY_TEMPLATES / f"{name}.jinja"))
+
+
+def test_a_template_rendered_whole_sends_its_render() -> None:
+    """The third user message is "#3" after the real history, "#2" after the
+    junction's synthetic context: rendered whole, the prompt is the render,
+    which starts with the session's ids, so the segment goes on. Served
+    token-in/token-out, the turn would send a prompt no render holds."""
+    tok = fixture_template("counts-users")
+    session = two_turns(tok)
+    stored = stored_ids(session)
+    req = request([U0, A0, U1, A1, U2])
+    plan = plan_turn(session, req, tok, WHOLE)
+    full = tok.first_turn(req.messages, tools=None, kwargs={})
+    assert plan.input_ids.tolist() == full and full[: len(stored)] == stored
+    assert plan.prompt_ids == full[len(stored) :]
+    assert (plan.keep_turns, plan.branch, plan.rollback) == (2, None, None)
+    assert "#3 More." in tok.decode(plan.prompt_ids)
+    assert "#2 More." in tok.decode(plan_turn(session, req, tok, POLICY).prompt_ids)
+
+
+def test_a_template_rendered_whole_keeps_ids_it_rewrites_while_it_appends_alike() -> None:
+    """The render upper-cases the first message, which the session holds as
+    the model saw it. Turn 2's appended message is "#2" after the real
+    history as after the synthetic context: the session keeps its ids and
+    appends the junction's, as token-in/token-out does. Turn 3's is not
+    ("#3" for "#2"), and the render does not start with the session's ids: a
+    new segment, rendered from scratch."""
+    tok = fixture_template("counts-users-upper-first")
+    session = one_turn(tok)
+    req = request([U0, A0, U1])
+    plan = plan_turn(session, req, tok, WHOLE)
+    assert (plan.keep_turns, plan.branch) == (1, None)
+    assert plan.input_ids.tolist() == stored_ids(session) + plan.prompt_ids
+    assert plan.prompt_ids == plan_turn(session, req, tok, POLICY).prompt_ids
+    full = tok.first_turn(req.messages, tools=None, kwargs={})
+    assert full[: len(stored_ids(session))] != stored_ids(session)
+    commit(session, plan, sampled_ids(tok, A1), A1, now=2.0)
+    req = request([U0, A0, U1, A1, U2])
+    plan = plan_turn(session, req, tok, WHOLE)
+    assert_from_scratch(plan, tok, req)
+    assert plan.branch == Branch(Divergence.RENDERED_DIFFERENTLY, segment=0, message=0)
+
+
+def test_a_block_moved_in_front_of_the_appended_messages_is_not_the_junctions() -> None:
+    """The template writes the system message right before the last user
+    message. The render of [S, U0, A0, U1] ends with exactly the ids the
+    junction appends after the sampled <|im_end|> (the moved block ends with
+    one too), but the system block before them is the appended messages'
+    too: the turn renders whole, and as the render does not start with the
+    session's ids, starts a new segment rather than drop the block."""
+    tok = fixture_template("moves-system")
+    system: Message = {"role": "system", "content": "Be brief."}
+    session = new_session()
+    first = request([system, U0])
+    commit(session, plan_turn(session, first, tok, WHOLE), sampled_ids(tok, A0), A0)
+    req = request([system, U0, A0, U1])
+    tito = plan_turn(session, req, tok, POLICY)
+    full = tok.first_turn(req.messages, tools=None, kwargs={})
+    assert full[len(full) - len(tito.prompt_ids) - 1 :] == [IM_END, *tito.prompt_ids]
+    assert "Be brief." not in tok.decode(tito.prompt_ids)
+    plan = plan_turn(session, req, tok, WHOLE)
+    assert_from_scratch(plan, tok, req)
+    assert plan.branch == Branch(Divergence.RENDERED_DIFFERENTLY, segment=0, message=0)
+
+
+@pytest.mark.parametrize(
+    "on_divergence", [OnDivergence.ROLLBACK, OnDivergence.ERROR], ids=["rollback", "error"]
+)
+def test_a_template_rendered_whole_refuses_what_it_cannot_continue(
+    on_divergence: OnDivergence,
+) -> None:
+    tok = fixture_template("counts-users-upper-first")
+    session = two_turns(tok)
+    with pytest.raises(TrajectoryDiverged, match="in message 0") as raised:
+        plan_turn(
+            session,
+            request([U0, A0, U1, A1, U2]),
+            tok,
+            replace(WHOLE, on_divergence=on_divergence),
+        )
+    assert "so the turn is rendered whole" in raised.value.message
+    assert f"--on-divergence {on_divergence.value}" in raised.value.message
+
+
+def test_only_the_templates_named_are_rendered_whole() -> None:
+    """A policy naming another template (`tool_use`) serves this one, the
+    only one (named None), token-in/token-out."""
+    tok = fixture_template("counts-users")
+    session = two_turns(tok)
+    req = request([U0, A0, U1, A1, U2])
+    named = policy(rendered_whole=frozenset({"tool_use"}))
+    assert "#2 More." in tok.decode(plan_turn(session, req, tok, named).prompt_ids)
+
+
+def test_prompt_mode_render_keeps_its_rule_for_a_template_rendered_whole() -> None:
+    """--prompt-mode render extends only a render that starts with the
+    session's ids, whatever the template: turn 2 starts a segment."""
+    tok = fixture_template("counts-users-upper-first")
+    session = one_turn(tok)
+    req = request([U0, A0, U1])
+    plan = plan_turn(session, req, tok, replace(WHOLE, prompt_mode=PromptMode.RENDER))
+    assert_from_scratch(plan, tok, req)
+    assert plan.branch == Branch(Divergence.RENDERED_DIFFERENTLY, segment=0, message=0)
 
 
 # --- --max-segments -----------------------------------------------------------
