@@ -343,26 +343,35 @@ async def test_routed_experts_in_verls_layout(
             use_v1=use_v1,
             overrides=["actor_rollout_ref.rollout.enable_rollout_routing_replay=true"],
         )
-        handle = balancer(servers.addresses)
-        if use_v1:
-            v1 = V1Worker(config, handle)
-            await in_asyncio(lambda: v1.run(first_row(["Hi."]), global_steps=2))
-            [record] = v1.records.values()
-            session_id = record["extra_fields"]["rollout_session"]["session_id"]
-            experts, start = record["routed_experts"], 0
-        else:
-            legacy = LegacyWorker(config, handle)
-            batch = await in_asyncio(lambda: legacy.generate(rows(["Hi."]), global_steps=2))
-            session_id = batch.non_tensor_batch["rollout_session"][0]["session_id"]
-            experts = batch.batch["routed_experts"][0]
-            prompt_width = batch.batch["prompts"].shape[1]
-            start = int((batch.batch["attention_mask"][0][:prompt_width] == 0).sum())
+        session_id, [experts] = await one_episode(servers, config, use_v1, "routed_experts")
         [segment] = (await servers.document(session_id))["segments"]
         exported = torch.tensor(routed(segment), dtype=torch.int16)
         reported = segment["routed_experts"]["shape"][0]
         assert exported.shape == (reported, 4, 2)
-        assert torch.equal(experts[start : start + reported], exported)
-        assert not experts[start + reported :].any()
+        assert torch.equal(experts[:reported], exported)
+        assert not experts[reported:].any()
+
+
+async def one_episode(
+    servers: Servers, config: Any, use_v1: bool, *fields: str
+) -> tuple[str, list[Any]]:
+    """One episode of the row "Hi." at step 2 through verl's v1 path or its
+    legacy batch; the session id and `fields` of what verl trains on, over
+    the sequence's positions (the legacy batch's left padding cut off, its
+    right padding kept)."""
+    handle = balancer(servers.addresses)
+    if use_v1:
+        v1 = V1Worker(config, handle)
+        await in_asyncio(lambda: v1.run(first_row(["Hi."]), global_steps=2))
+        [record] = v1.records.values()
+        session_id = record["extra_fields"]["rollout_session"]["session_id"]
+        return session_id, [record[name] for name in fields]
+    legacy = LegacyWorker(config, handle)
+    batch = await in_asyncio(lambda: legacy.generate(rows(["Hi."]), global_steps=2))
+    prompt_width = batch.batch["prompts"].shape[1]
+    start = int((batch.batch["attention_mask"][0][:prompt_width] == 0).sum())
+    session_id = batch.non_tensor_batch["rollout_session"][0]["session_id"]
+    return session_id, [batch.batch[name][0][start:] for name in fields]
 
 
 def routed(segment: dict[str, Any]) -> Any:
@@ -400,24 +409,14 @@ async def test_a_teacher_fills_verls_distillation_fields(
         config = verl_config(
             model, tmp_path, entry(servers, "scored", workers="verl", teacher="t"), use_v1=use_v1
         )
-        handle = balancer(servers.addresses)
-        if use_v1:
-            v1 = V1Worker(config, handle)
-            await in_asyncio(lambda: v1.run(first_row(["Hi."]), global_steps=2))
-            [record] = v1.records.values()
-            session_id = record["extra_fields"]["rollout_session"]["session_id"]
-            ids, logprobs = record["teacher_ids"], record["teacher_logprobs"]
-        else:
-            legacy = LegacyWorker(config, handle)
-            batch = await in_asyncio(lambda: legacy.generate(rows(["Hi."]), global_steps=2))
-            session_id = batch.non_tensor_batch["rollout_session"][0]["session_id"]
-            keep = batch.batch["attention_mask"][0].bool()
-            ids = batch.batch["teacher_ids"][0][keep]
-            logprobs = batch.batch["teacher_logprobs"][0][keep]
+        session_id, [ids, logprobs] = await one_episode(
+            servers, config, use_v1, "teacher_ids", "teacher_logprobs"
+        )
         [segment] = (await servers.document(session_id))["segments"]
         scores = segment["rescores"]["t"]["logprobs"]
-        assert ids.squeeze(-1).tolist() == segment["token_ids"]
-        assert logprobs.squeeze(-1).tolist() == pytest.approx(
+        length = len(segment["token_ids"])
+        assert ids[:length].squeeze(-1).tolist() == segment["token_ids"]
+        assert logprobs[:length].squeeze(-1).tolist() == pytest.approx(
             [0.0 if s is None else s for s in scores], rel=1e-6
         )
         assert scores[0] is None and all(s is not None for s in scores[1:])
