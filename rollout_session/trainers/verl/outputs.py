@@ -65,7 +65,7 @@ def verl_outputs(
 ) -> list[Any]:
     """The episode's outputs, main segment last (`make`: verl's
     ``AgentLoopOutput``; `metrics`: its ``AgentLoopMetrics``)."""
-    segments = [s for s in episode.document["segments"] if SegmentTokens.of(s).sampled]
+    segments = [s for s in episode.document["segments"] if any(s["loss_mask"])]
     if not segments:
         raise EpisodeFailed(
             f"session {episode.session_id}: the agent's episode sampled no token "
@@ -83,7 +83,7 @@ def verl_outputs(
             "earlier segments are not trained on (trainer.use_v1 trains on every segment)",
             episode.session_id,
             count,
-            sum(SegmentTokens.of(s).sampled for s in dropped),
+            sum(sum(s["loss_mask"]) for s in dropped),
         )
     last = len(segments) - 1
     return [
@@ -123,7 +123,7 @@ def _output(
             "segment": segment["index"],
             "segments": count,
             "segments_dropped": len(dropped),
-            "sampled_tokens_dropped": sum(SegmentTokens.of(s).sampled for s in dropped),
+            "sampled_tokens_dropped": sum(sum(s["loss_mask"]) for s in dropped),
             "turns": tokens.num_turns,
             "continuations": continuations,
             "prompt_tokens_dropped": cut,
