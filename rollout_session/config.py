@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -142,8 +142,8 @@ class Settings:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     # The SGLang workers' --skip-tokenizer-init (sglang-generate): None =
-    # as they publish it; named, it must agree with them, and it is what a
-    # server started without workers expects of those that join.
+    # as they publish it (a server started without workers learns it from
+    # the first to join); named, it must agree with them.
     skip_tokenizer_init: bool | None = None
     # Worker-side KV sessions (kv_sessions.KvMode, docs/kv-sessions.md): off,
     # hint (the session id on each turn, /close_session when it ends), or
@@ -378,11 +378,13 @@ class Settings:
         *,
         expected_settings: Mapping[str, Any] = MappingProxyType({}),
         supplied_settings: frozenset[str] = frozenset(),
+        admissible: Callable[[Mapping[str, Any]], str | None] | None = None,
         teachers: bool = False,
     ) -> PoolOptions:
         """The rollout pool's options, speaking `dialect` to workers that must
         run with `expected_settings` (the engine's, `engines.resolve`), or
-        without those of `supplied_settings`; with
+        without those of `supplied_settings`, and pass `admissible` (for
+        the settings start-up could not read); with
         `teachers`, the teacher pool's (the same, but no session hints:
         teachers hold no sessions, and serve a model of their own)."""
         return PoolOptions(
@@ -406,6 +408,7 @@ class Settings:
             dialect=dialect,
             expected_settings=MappingProxyType({} if teachers else dict(expected_settings)),
             supplied_settings=frozenset() if teachers else supplied_settings,
+            admissible=None if teachers else admissible,
             label="teacher workers: " if teachers else "",
         )
 

@@ -22,8 +22,13 @@ and ``/server_info``; vLLM's ``/v1/models`` and its token route):
   reproduce is served by `sglang-chat`), and the choice is logged.
 
 A worker that does not answer is left to its pool (it is admitted later if
-it matches). With a named engine and no worker answering, the flags are
-taken as given; ``auto`` needs at least one worker that answers.
+it matches). With a named engine and no worker answering (or none
+configured: a trainer's servers join by ``POST /workers``), the flags are
+taken as given, and the launch settings no flag gives are *unread*: the
+pool learns them from the first worker it admits (`Resolved.unread`), which
+must pass the checks a read worker passes at start-up
+(`Resolved.admissible`); every later worker must run the same. ``auto``
+needs at least one worker that answers.
 """
 
 from __future__ import annotations
@@ -59,6 +64,33 @@ class Resolved:
     # The launch settings its workers run with (`spec.worker_settings` names):
     # what the pool requires of every worker, and what the engine is built for.
     launch: Mapping[str, Any]
+    # Those no worker said at start-up and no flag gave (`launch` holds the
+    # engine's default for them): learned from the first worker admitted.
+    unread: frozenset[str] = frozenset()
+
+    @property
+    def expected(self) -> Mapping[str, Any]:
+        """What the pool requires of every worker: `launch` but the unread."""
+        return {k: v for k, v in self.launch.items() if k not in self.unread}
+
+    def admissible(self, settings: Mapping[str, Any]) -> str | None:
+        """Why a worker publishing these launch settings cannot be served by
+        the engine (its `EngineSpec.agrees` and `EngineSpec.needs`, as at
+        start-up), None when it can: for a pool that learns the unread."""
+        spec = self.spec
+        launch = {**self.launch, **{k: v for k, v in settings.items() if k in self.unread}}
+        try:
+            spec.agrees(self.settings, launch)
+        except ValueError as contradicted:
+            return str(contradicted)
+        text = spec.dialect.settings_text
+        for name, value in spec.needs.items():
+            if name in settings and settings[name] != value:
+                return (
+                    f"--engine {spec.name} needs workers with {flag_text(name, value, text)}; "
+                    f"it runs with {flag_text(name, settings[name], text)}"
+                )
+        return None
 
 
 class _Contradicted(ValueError):
@@ -95,7 +127,12 @@ async def resolve_engine(
                 "(with the flags named), or name the engine with --engine"
             )
         spec = candidates[0]
-        return _resolved(settings, spec, _launch(settings, spec, {}))
+        unread = frozenset(
+            name
+            for name in spec.worker_settings
+            if name not in spec.needs and getattr(settings, name, None) is None
+        )
+        return _resolved(settings, spec, _launch(settings, spec, {}), unread=unread)
     spec = _one_family(answers)
     _one_model(answers)
     published = _agreed(answers, spec)
@@ -277,15 +314,17 @@ def _resolved(
     spec: EngineSpec,
     launch: Mapping[str, Any],
     published: Mapping[str, Any] = MappingProxyType({}),
+    *,
+    unread: frozenset[str] = frozenset(),
 ) -> Resolved:
     """`spec` with its flags set to `launch`'s values; a flag it does not
     take that only repeats the workers' value (`sglang-chat` after ``auto``
     fell back to it) is cleared rather than refused."""
     flags: dict[str, Any] = {}
     for name, value in launch.items():
-        if spec.takes(name):
+        if spec.takes(name) and name not in unread:
             flags[name] = value
         elif name in published and getattr(settings, name, None) is not None:
             flags[name] = None
     chosen: Any = dataclasses.replace(settings, engine=spec.name, **flags)  # type: ignore[type-var]
-    return Resolved(spec, chosen, launch)
+    return Resolved(spec, chosen, launch, unread)

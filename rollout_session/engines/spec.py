@@ -13,7 +13,7 @@ Start-up work an engine needs (reading the model's files) is its own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -22,7 +22,7 @@ from .base import Engine
 from .pool import WorkerDialect, WorkerPool
 from .served_model import ServedModel
 
-__all__ = ["EngineFlag", "EngineParts", "EngineSettings", "EngineSpec", "flag_bool"]
+__all__ = ["EngineFlag", "EngineParts", "EngineSettings", "EngineSpec", "Launch", "flag_bool"]
 
 
 class EngineSettings(Protocol):
@@ -68,6 +68,36 @@ class EngineFlag:
     @property
     def field(self) -> str:
         return self.flag.removeprefix("--").replace("-", "_")
+
+
+class Launch(Mapping[str, Any]):
+    """The launch settings an engine is built for (`EngineParts.launch`):
+    those start-up resolved, and for the `unread` ones (no worker said them
+    then, no flag gave them: a server started without workers) the value
+    the pool's first admitted worker published, once it admitted one.
+    Engines read them per turn."""
+
+    __slots__ = ("_pool", "_resolved", "_unread")
+
+    def __init__(
+        self, resolved: Mapping[str, Any], unread: frozenset[str], pool: WorkerPool
+    ) -> None:
+        self._resolved = resolved
+        self._unread = unread
+        self._pool = pool
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._unread:
+            served = self._pool.served
+            if served is not None and name in served.settings:
+                return served.settings[name]
+        return self._resolved[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._resolved)
+
+    def __len__(self) -> int:
+        return len(self._resolved)
 
 
 @dataclass(frozen=True, slots=True)

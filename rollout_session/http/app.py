@@ -28,7 +28,7 @@ from ..engines.base import Engine
 from ..engines.pool import WorkerPool
 from ..engines.resolve import resolve_engine
 from ..engines.served_model import ServedModel
-from ..engines.spec import EngineParts
+from ..engines.spec import EngineParts, Launch
 from ..errors import NoHealthyWorker, UpstreamError
 from ..prompt.check import (
     Outcome,
@@ -260,7 +260,10 @@ async def _start_engine(
         )
     pool = WorkerPool(
         chosen.pool_options(
-            spec.dialect, expected_settings=launch, supplied_settings=spec.supplied
+            spec.dialect,
+            expected_settings=resolved.expected,
+            supplied_settings=spec.supplied,
+            admissible=resolved.admissible if resolved.unread else None,
         ),
         validator,
         tls=tls,
@@ -273,7 +276,7 @@ async def _start_engine(
         for url in settings.teacher_workers:
             teachers.add(url)
     model = ServedModel(pool, settings.context_length, settings.upstream_model)
-    engine = spec.build(chosen, EngineParts(pool, model, launch))
+    engine = spec.build(chosen, EngineParts(pool, model, Launch(launch, resolved.unread, pool)))
     store.attach(engine)
     rescorer = Rescorer(store.registry, pool, teachers, max_resends=settings.max_continuations)
     return EngineSide(spec, chosen, pool, engine, model, rescorer, teachers)

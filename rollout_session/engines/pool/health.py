@@ -217,8 +217,10 @@ class HealthChecks:
         if self.served is None:
             for worker in self._members.workers.values():
                 card = found.get(worker)
-                if isinstance(card, ModelInfo) and not differences(
-                    card.settings, expected, supplied
+                if (
+                    isinstance(card, ModelInfo)
+                    and not differences(card.settings, expected, supplied)
+                    and self._inadmissible(card) is None
                 ):
                     self.served = card
                     logger.info(
@@ -237,23 +239,32 @@ class HealthChecks:
                 # No worker ran as expected yet: this one does not either.
                 problem = settings_problem(
                     card.settings, expected, {}, supplied, self._dialect.settings_text
-                )
+                ) or self._inadmissible(card)
                 self._record(worker, ok=False, reason=problem or "not admitted yet")
             elif self.served.model not in card.models:
                 listed = ", ".join(card.models)
                 self._record(worker, ok=False, reason=f"serves {listed}, not {self.served.model}")
-            elif problem := settings_problem(
-                card.settings,
-                expected,
-                self.served.settings,
-                supplied,
-                self._dialect.settings_text,
+            elif problem := (
+                settings_problem(
+                    card.settings,
+                    expected,
+                    self.served.settings,
+                    supplied,
+                    self._dialect.settings_text,
+                )
+                or self._inadmissible(card)
             ):
                 self._record(worker, ok=False, reason=problem)
             else:
                 worker.model = self.served.model
                 self._record(worker, ok=True)
                 self._check_hint_support(worker)
+
+    def _inadmissible(self, card: ModelInfo) -> str | None:
+        """Why the engine cannot serve a worker with this card's launch
+        settings (`PoolOptions.admissible`), None when it can."""
+        admissible = self._options.admissible
+        return admissible(card.settings) if admissible is not None else None
 
     def _record(self, worker: Worker, *, ok: bool, reason: str | None = None) -> None:
         """One probe's outcome: a /health probe of a healthy worker, or an

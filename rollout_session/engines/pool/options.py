@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -49,6 +49,10 @@ class PoolOptions:
     worker_pause_wait_s: float = 30.0
     # Those of them a worker may run without (`EngineSpec.supplied`).
     supplied_settings: frozenset[str] = frozenset()
+    # Why a worker publishing these launch settings cannot be served (None:
+    # it can), for a pool that learns the settings start-up could not read
+    # from its first admitted worker (`engines.resolve.Resolved.admissible`).
+    admissible: Callable[[Mapping[str, Any]], str | None] | None = None
 
     @property
     def read_model_s(self) -> float:

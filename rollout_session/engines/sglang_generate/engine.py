@@ -18,8 +18,9 @@ start its grammar over), are not continued (`CannotContinue`).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import orjson
@@ -77,11 +78,18 @@ class SGLangGenerateEngine:
     delta: RemoteSessions | None = None
     # How long a worker keeps an idle worker-side session (its reaper); None: forever.
     remote_timeout_s: float | None = None
-    # The workers run --skip-tokenizer-init: they answer ids, which this
-    # engine decodes as SGLang's detokenizer would (`detokenize`).
-    ids_only: bool = False
+    # The workers' launch settings (`spec.Launch`: read per turn, as a pool
+    # started without workers learns them from the first it admits).
+    launch: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     _dp_sizes: dict[str, int] = field(default_factory=dict, init=False)
+    _tokenizer: ChatTokenizer | None = field(default=None, init=False)
     _detokenizer: Detokenizer | None = field(default=None, init=False)
+
+    @property
+    def ids_only(self) -> bool:
+        """The workers run --skip-tokenizer-init: they answer ids, which this
+        engine decodes as SGLang's detokenizer would (`detokenize`)."""
+        return bool(self.launch.get("skip_tokenizer_init"))
 
     can_continue: ClassVar[bool] = True
 
@@ -126,17 +134,18 @@ class SGLangGenerateEngine:
             # The worker's own refusal, in the chat route's error shape.
             return Refusal(error_reply(reply.status, _message(reply.body)), reply.worker)
         answer = sent.checked
-        if self._detokenizer is not None:
+        if self.ids_only:
+            detokenizer = self._ids_decoder()
             answer = replace(
                 answer,
-                text=self._detokenizer.text(
+                text=detokenizer.text(
                     request.input_ids[-8:].tolist(),
                     answer.ids.tolist(),
                     answer.finish,
                     skip_special_tokens=sampling["skip_special_tokens"],
                     spaces_between_special_tokens=sampling["spaces_between_special_tokens"],
                 ),
-                token_texts=self._detokenizer.token_texts(answer.ids.tolist()),
+                token_texts=detokenizer.token_texts(answer.ids.tolist()),
             )
         if plan is not None and self.delta is not None:
             self.delta.finished(session.id, reply.worker, plan, rid, request.input_ids, answer.ids)
@@ -354,8 +363,15 @@ class SGLangGenerateEngine:
         self.options = await trio.to_thread.run_sync(
             model_options, self.options.parsers, tokenizer.name_or_path
         )
-        if self.ids_only:
-            self._detokenizer = Detokenizer(tokenizer.hf, self.options.parsers.tool_call)
+        self._tokenizer = tokenizer
+        if self.ids_only:  # known at start-up: a parser it cannot serve refuses the start
+            self._ids_decoder()
+
+    def _ids_decoder(self) -> Detokenizer:
+        if self._detokenizer is None:
+            assert self._tokenizer is not None, "prepare() runs before any turn"
+            self._detokenizer = Detokenizer(self._tokenizer.hf, self.options.parsers.tool_call)
+        return self._detokenizer
 
     def counters(self) -> Iterable[EngineCounter]:
         delta = self.delta

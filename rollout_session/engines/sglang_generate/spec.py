@@ -35,7 +35,7 @@ def _build(settings: EngineSettings, parts: EngineParts) -> Engine:
         delta=RemoteSessions() if mode is KvMode.DELTA else None,
         # A worker reaps an idle session after this; a later turn rebuilds it.
         remote_timeout_s=settings.session_ttl_s,
-        ids_only=bool(parts.launch.get("skip_tokenizer_init")),
+        launch=parts.launch,
     )
 
 
@@ -49,7 +49,8 @@ SPEC = EngineSpec(
         EngineFlag(
             "--skip-tokenizer-init",
             "true or false: the workers' --skip-tokenizer-init (they answer ids without "
-            "text); read from the workers, needed only to start without any",
+            "text); read from the workers (a server started without any learns it from "
+            "the first to join)",
             kind=flag_bool,
         ),
         EngineFlag(

@@ -24,6 +24,7 @@ import logging
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import msgspec
@@ -59,7 +60,7 @@ from .request import (
     render_body,
     sampling_params,
 )
-from .worker import GENERATE_PATH, RENDER_PATH
+from .worker import GENERATE_PATH, RENDER_PATH, SAMPLING_DEFAULTS
 
 DERENDER_PATH = "/v1/chat/completions/derender"
 
@@ -108,9 +109,12 @@ class VllmEngine:
     pool: WorkerPool  # the session's sticky worker, failover, checks, circuit breaker
     model: ServedModel
     options: VllmOptions = field(default_factory=VllmOptions)
-    # The workers' chat-route sampling defaults, from their rendering of a
-    # request (None: not read; the model's files are).
-    worker_defaults: Mapping[str, Any] | None = None
+    # The workers' launch settings (`spec.Launch`): their chat-route sampling
+    # defaults as their rendering of a request shows them (None: not read;
+    # the model's files are, until a pool started without workers learns
+    # them from the first it admits).
+    launch: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    _adopted: Mapping[str, Any] | None = field(default=None, init=False)
 
     can_continue: ClassVar[bool] = True
 
@@ -122,6 +126,7 @@ class VllmEngine:
             raise CannotContinue("the partial completion is not a vllm answer")
         request_id = uuid.uuid4().hex
         upstream = self.model.upstream_name(request.params.get("model"))
+        self._adopt_learned()
         try:
             sampling = sampling_params(request, self.options, self.model.context_length)
         except Untranslatable as exc:
@@ -267,13 +272,14 @@ class VllmEngine:
         override included; a difference from the model's files is logged),
         else read from the model's generation_config."""
         parsers, path = self.options.parsers, tokenizer.name_or_path
-        if self.worker_defaults is None:
+        defaults = self.launch.get(SAMPLING_DEFAULTS)
+        if defaults is None:
             self.options = await trio.to_thread.run_sync(model_options, parsers, path)
             return
         files = await trio.to_thread.run_sync(read_sampling_defaults, path)
         differ = {
             key: (effective_default(files, key), value)
-            for key, value in self.worker_defaults.items()
+            for key, value in defaults.items()
             if effective_default(files, key) != value
         }
         if differ:
@@ -284,7 +290,21 @@ class VllmEngine:
                 ", ".join(f"{k}={v[1]}" for k, v in differ.items()),
                 ", ".join(f"{k}={v[0]}" for k, v in differ.items()),
             )
-        self.options = VllmOptions(parsers, dict(self.worker_defaults))
+        self.options = VllmOptions(parsers, dict(defaults))
+        self._adopted = defaults
+
+    def _adopt_learned(self) -> None:
+        """The workers' defaults once the pool learned them (a server started
+        without workers: the first admitted worker's), instead of the model's
+        files: every worker of the pool then runs the same."""
+        defaults = self.launch.get(SAMPLING_DEFAULTS)
+        if defaults is not None and defaults is not self._adopted:
+            self.options = VllmOptions(self.options.parsers, dict(defaults))
+            self._adopted = defaults
+            logger.info(
+                "vllm: the workers' chat route samples with %s: used for every turn",
+                ", ".join(f"{k}={v}" for k, v in defaults.items()),
+            )
 
     def counters(self) -> Iterable[EngineCounter]:
         return ()

@@ -68,7 +68,7 @@ def _build(settings: EngineSettings, parts: EngineParts) -> Engine:
         parts.pool,
         parts.model,
         VllmOptions(_parsers(settings)),
-        worker_defaults=parts.launch.get(SAMPLING_DEFAULTS),
+        launch=parts.launch,
     )
 
 

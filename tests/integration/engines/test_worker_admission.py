@@ -206,43 +206,94 @@ async def test_a_configured_worker_that_is_not_sglang_never_joins(
     await fake.aclose()
 
 
-@pytest.mark.parametrize("named", [True, False], ids=["flag-named", "flag-unset"])
+async def workerless(
+    nursery: trio.Nursery, template: ChatTokenizer, **settings: Any
+) -> tuple[httpx.AsyncClient, Any, RunningServer]:
+    """A session server started without workers (a trainer's join by POST
+    /workers): the engine and the tokenizer named."""
+    app = create_app(
+        Settings(workers=(), tokenizer="unused: the app is given it", port=0, **FAST, **settings),
+        tokenizer=template,
+        worker_tls=TLS,
+    )
+    server = await start_server(nursery, app)
+    return httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS), app, server
+
+
+@pytest.mark.parametrize(
+    "flag", [True, None, False], ids=["flag-agrees", "learned", "flag-contradicted"]
+)
 async def test_a_server_started_without_workers_takes_those_that_join(
     nursery: trio.Nursery,
     text_model: TextModel,
     chat_tokenizers: dict[str, ChatTokenizer],
-    named: bool,
+    flag: bool | None,
 ) -> None:
-    """Started with the engine and the tokenizer named and no worker (a
-    trainer's servers join once it launched them): a worker launched as
-    verl launches SGLang (``--skip-tokenizer-init``) joins when the server
-    was told so, and is refused naming the setting when it was not (the
-    server then expects a worker with its tokenizer)."""
+    """A worker launched as verl launches SGLang (``--skip-tokenizer-init``,
+    no parsers) joins a server started without workers, its answers' ids
+    decoded here, whether ``--skip-tokenizer-init true`` said so or the
+    first worker taught it (then every later worker must run the same); a
+    flag it contradicts refuses it, naming the setting."""
     template = chat_tokenizers["chatml"]
-    worker = await spawn_worker(
+
+    async def worker(skip: bool) -> Any:
+        config = EmulatorConfig(skip_tokenizer_init=skip, chat_template=template.chat_template)
+        return await spawn_worker(nursery, text_model, config, parsers=False)
+
+    first = await worker(True)
+    client, app, server = await workerless(
         nursery,
-        text_model,
-        replace(EmulatorConfig(skip_tokenizer_init=True), chat_template=template.chat_template),
-        parsers=False,
-    )
-    settings = Settings(
-        workers=(),
+        template,
         engine="sglang-generate",
-        tokenizer="unused: the app is given its tokenizer",
         tool_call_parser="qwen25",
-        skip_tokenizer_init=True if named else None,
-        port=0,
-        **FAST,
+        skip_tokenizer_init=flag,
     )
-    app = create_app(settings, tokenizer=template, worker_tls=TLS)
-    server = await start_server(nursery, app)
-    async with httpx.AsyncClient(base_url=server.url, timeout=30, verify=TLS) as client:
+    async with client:
         assert (await client.post("/sessions")).status_code == 201  # sessions before workers
-        joined = await client.post("/workers", json={"url": worker.url})
-        if named:
-            assert joined.status_code == 201, joined.text
-            await run_turns(Stack(server.url, server_context(app), [worker], client, server), 2)
-        else:
+        joined = await client.post("/workers", json={"url": first.url})
+        if flag is False:
             assert joined.status_code == 400
             assert "runs --skip-tokenizer-init, where this server expects no" in joined.text
+        else:
+            assert joined.status_code == 201, joined.text
+            await run_turns(Stack(server.url, server_context(app), [first], client, server), 2)
+            other = await client.post("/workers", json={"url": (await worker(False)).url})
+            assert other.status_code == 400
+            assert "where the pool's workers run --skip-tokenizer-init" in other.text or (
+                flag and "where this server expects --skip-tokenizer-init" in other.text
+            )
     await server.aclose()  # graceful: the app closes its worker clients
+
+
+async def test_a_vllm_server_started_without_workers_learns_their_sampling_defaults(
+    nursery: trio.Nursery, text_model: TextModel, chat_tokenizers: dict[str, ChatTokenizer]
+) -> None:
+    """vLLM publishes no launch settings: a server started without workers
+    takes the first joining worker's rendered sampling defaults (verl's
+    override_generation_config here) and samples every turn with them; a
+    worker with other defaults, or one whose rendering contradicts the
+    parser flags, is refused naming why."""
+    template = chat_tokenizers["chatml"]
+
+    async def worker(**config: Any) -> Any:
+        base = EmulatorConfig(
+            engine="vllm", enable_scale_out=True, chat_template=template.chat_template
+        )
+        return await spawn_worker(nursery, text_model, replace(base, **config))
+
+    override = {"temperature": 0.5, "top_p": 0.8}
+    first = await worker(override_generation_config=override)
+    client, app, server = await workerless(nursery, template, engine="vllm")
+    async with client:
+        joined = await client.post("/workers", json={"url": first.url})
+        assert joined.status_code == 201, joined.text
+        stack = Stack(server.url, server_context(app), [first], client, server)
+        [session_id] = await run_turns(stack, 1)
+        [turn] = (await stack.trajectory(session_id, schema=3))["segments"][0]["turns"]
+        assert (turn["sampling"]["temperature"], turn["sampling"]["top_p"]) == (0.5, 0.8)
+        other = await client.post("/workers", json={"url": (await worker()).url})
+        assert other.status_code == 400 and "sampling defaults" in other.text, other.text
+        parsing = await worker(override_generation_config=override, tool_call_parser="hermes")
+        refused = await client.post("/workers", json={"url": parsing.url})
+        assert refused.status_code == 400 and "--tool-call-parser" in refused.text, refused.text
+    await server.aclose()
