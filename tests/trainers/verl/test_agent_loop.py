@@ -98,27 +98,27 @@ async def start_servers(
     tokenizer: ChatTokenizer,
     *,
     emulator: EmulatorConfig | None = None,
+    rollout: str = "sglang",
     **settings: Any,
 ) -> AsyncIterator[Servers]:
+    """The workers as verl launches them (`LAUNCHED`), behind a session
+    server started without workers (the loops register them): the engine,
+    the tokenizer and the parser named, the rest learned from the first."""
     config = emulator or EmulatorConfig()
     worker = await spawn_worker(
         nursery,
         text_model,
         EmulatorConfig(
-            **{
-                **config.__dict__,
-                "skip_tokenizer_init": True,
-                "chat_template": tokenizer.chat_template,
-            }
+            **{**config.__dict__, **LAUNCHED[rollout], "chat_template": tokenizer.chat_template}
         ),
         parsers=False,
     )
+    engine, parser = SERVED[rollout]
     app_settings = Settings(
         workers=(),
-        engine="sglang-generate",
+        engine=engine,
         tokenizer=str(bundled_tokenizer_path()),
-        skip_tokenizer_init=True,
-        tool_call_parser="qwen25",
+        tool_call_parser=parser,
         port=0,
         **settings,
     )
@@ -129,11 +129,42 @@ async def start_servers(
     await server.aclose()
 
 
-@pytest.fixture
+# How verl 0.9.1 launches each rollout's servers: SGLang without a tokenizer
+# and without parsers (`workers/config/rollout.py`, `async_sglang_server.py`
+# `launch_server`); vLLM with its sampling as generation-config overrides
+# (`vllm_async_server.py` `_get_override_generation_config`), scale-out on
+# (`engine_kwargs.vllm.enable_scale_out=true`) and the tool parser the user
+# gives it.
+LAUNCHED: dict[str, dict[str, Any]] = {
+    "sglang": {"skip_tokenizer_init": True},
+    "vllm": {
+        "engine": "vllm",
+        "enable_scale_out": True,
+        "tool_call_parser": "hermes",
+        "override_generation_config": {
+            "temperature": 1.0,
+            "top_k": -1,
+            "top_p": 1.0,
+            "repetition_penalty": 1.0,
+            "max_new_tokens": 2048,
+        },
+    },
+}
+# The session server's engine and tool-call parser (the engine's names) for each.
+SERVED = {"sglang": ("sglang-generate", "qwen25"), "vllm": ("vllm", "hermes")}
+
+
+@pytest.fixture(params=["sglang", "vllm"], ids=["sglang", "vllm"])
 async def servers(
-    nursery: trio.Nursery, text_model: TextModel, chat_tokenizers: dict[str, ChatTokenizer]
+    nursery: trio.Nursery,
+    text_model: TextModel,
+    chat_tokenizers: dict[str, ChatTokenizer],
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[Servers]:
-    async with start_servers(nursery, text_model, chat_tokenizers["chatml"]) as started:
+    """verl's rollout servers of each kind behind a workerless session server."""
+    async with start_servers(
+        nursery, text_model, chat_tokenizers["chatml"], rollout=request.param
+    ) as started:
         yield started
 
 
