@@ -24,8 +24,9 @@ and ``/server_info``; vLLM's ``/v1/models`` and its token route):
 A worker that does not answer is left to its pool (it is admitted later if
 it matches). With a named engine and no worker answering (or none
 configured: a trainer's servers join by ``POST /workers``), the flags are
-taken as given, and the launch settings no flag gives are *unread*: the
-pool learns them from the first worker it admits (`Resolved.unread`), which
+taken as given, and the launch settings no flag gives are *unread* (but
+those the engine needs or supplies itself): the pool learns them from the
+first worker it admits (`Resolved.unread`), which
 must pass the checks a read worker passes at start-up
 (`Resolved.admissible`); every later worker must run the same. ``auto``
 needs at least one worker that answers.
@@ -83,14 +84,7 @@ class Resolved:
             spec.agrees(self.settings, launch)
         except ValueError as contradicted:
             return str(contradicted)
-        text = spec.dialect.settings_text
-        for name, value in spec.needs.items():
-            if name in settings and settings[name] != value:
-                return (
-                    f"--engine {spec.name} needs workers with {flag_text(name, value, text)}; "
-                    f"it runs with {flag_text(name, settings[name], text)}"
-                )
-        return None
+        return _unmet(spec, settings)
 
 
 class _Contradicted(ValueError):
@@ -127,10 +121,14 @@ async def resolve_engine(
                 "(with the flags named), or name the engine with --engine"
             )
         spec = candidates[0]
+        # Not those the engine needs, nor those it supplies (its flags are
+        # what it serves with: sglang-generate's parsers).
         unread = frozenset(
             name
             for name in spec.worker_settings
-            if name not in spec.needs and getattr(settings, name, None) is None
+            if name not in spec.needs
+            and name not in spec.supplied
+            and getattr(settings, name, None) is None
         )
         return _resolved(settings, spec, _launch(settings, spec, {}), unread=unread)
     spec = _one_family(answers)
@@ -294,19 +292,26 @@ def _launch(
 def _checked(settings: EngineSettings, spec: EngineSpec, published: Mapping[str, Any]) -> Resolved:
     """`spec` over workers that publish these settings, checked (ValueError)."""
     launch = _launch(settings, spec, published)
-    text = spec.dialect.settings_text
     try:
         spec.agrees(settings, launch)
     except ValueError as contradicted:
         raise _Contradicted(str(contradicted)) from None
-    for name, value in spec.needs.items():
-        if launch.get(name) != value:
-            raise ValueError(
-                f"--engine {spec.name} needs workers with {flag_text(name, value, text)}; "
-                f"they run with {flag_text(name, launch.get(name), text)}"
-            )
+    if (unmet := _unmet(spec, launch)) is not None:
+        raise ValueError(unmet)
     # Building the settings checks them (the engine's `check`, its flags).
     return _resolved(settings, spec, launch, published)
+
+
+def _unmet(spec: EngineSpec, launch: Mapping[str, Any]) -> str | None:
+    """The engine's `EngineSpec.needs` these launch settings miss, said."""
+    text = spec.dialect.settings_text
+    for name, value in spec.needs.items():
+        if name in launch and launch[name] != value:
+            return (
+                f"--engine {spec.name} needs workers with {flag_text(name, value, text)}; "
+                f"they run with {flag_text(name, launch[name], text)}"
+            )
+    return None
 
 
 def _resolved(
