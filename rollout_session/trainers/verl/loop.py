@@ -16,6 +16,7 @@ legacy one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import weakref
@@ -161,11 +162,9 @@ class SessionAgentLoop(AgentLoopBase):  # type: ignore[misc]
             metadata={"trainer": "verl", "uid": str(row.get("uid", ""))},
             teacher=self._limits.teacher,
         )
-        limits = Limits(
-            **{
-                **{f: getattr(self._limits, f) for f in Limits.__dataclass_fields__},
-                "global_steps": int(global_steps) if isinstance(global_steps, int) else None,
-            }
+        limits = dataclasses.replace(
+            self._limits,
+            global_steps=int(global_steps) if isinstance(global_steps, int) else None,
         )
         outputs = verl_outputs(episode, limits, AgentLoopOutput, AgentLoopMetrics)
         return outputs if limits.every_segment else outputs[-1]

@@ -29,21 +29,9 @@ from rollout_session.prompt.messages import normalize_messages
 from rollout_session.prompt.tokenizer import ChatTokenizer, load_tokenizer
 from tests.conftest import Worker, spawn_worker
 from tests.families import model_path
+from tests.integration.session.test_families import WEATHER
 from tests.integration.session.test_turns import answered, check_document
 from tests.loopback import TLS
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 Serve = Callable[[str], Awaitable[tuple[str, Worker, ChatTokenizer]]]
 

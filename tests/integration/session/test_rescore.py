@@ -3,7 +3,9 @@ policy (docs/training.md#rescoring), over real HTTP to emulator workers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,27 @@ async def episode(stack: Stack, turns: int = 2) -> str:
     return session_id
 
 
+@contextlib.asynccontextmanager
+async def rescore_at_worker(stack: Stack, session_id: str) -> AsyncIterator[list[httpx.Response]]:
+    """A pinned rescore of the session held at its worker (the GPU stalled
+    once the scoring request is in) while the block runs; its answer is in
+    the list after the block."""
+    emulator = stack.emulator
+    answers: list[httpx.Response] = []
+
+    async def trainer() -> None:
+        answers.append(await rescore(stack, session_id, target="pinned", label="p"))
+
+    emulator.gpu.freeze()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trainer)
+        await until(lambda: bool(emulator.weights.runs()))  # the scoring request is in
+        try:
+            yield answers
+        finally:
+            emulator.gpu.thaw()
+
+
 async def rescore(stack: Stack, session_id: str, **body: Any) -> httpx.Response:
     return await stack.client.post(f"/sessions/{session_id}/rescore", json=body)
 
@@ -215,18 +238,8 @@ async def test_a_weight_update_that_aborts_the_scoring_request(
         max_continuations=resends,
     )
     session_id = await episode(stack, turns=1)
-    emulator = stack.emulator
-    answers: list[httpx.Response] = []
-
-    async def trainer() -> None:
-        answers.append(await rescore(stack, session_id, target="pinned", label="p"))
-
-    emulator.gpu.freeze()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trainer)
-        await until(lambda: bool(emulator.weights.runs()))
-        update_weights(emulator, "v2", abort=True)
-        emulator.gpu.thaw()
+    async with rescore_at_worker(stack, session_id) as answers:
+        update_weights(stack.emulator, "v2", abort=True)
     (answer,) = answers
     (worker,) = stack.ctx.pool.workers.values()
     assert worker.circuit_failures == 0 and worker.last_error is None
@@ -316,18 +329,8 @@ async def test_a_rescore_its_session_was_collected_during_stores_nothing(
     document. The collected session is then rescored as asked."""
     stack = await make(make_stack, ENGINES["sglang-chat"], decode_s=0.0, completion_tokens=24)
     session_id = await episode(stack, turns=1)
-    emulator = stack.emulator
-    answers: list[httpx.Response] = []
-
-    async def trainer() -> None:
-        answers.append(await rescore(stack, session_id, target="pinned", label="p"))
-
-    emulator.gpu.freeze()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trainer)
-        await until(lambda: bool(emulator.weights.runs()))  # the scoring request is in
+    async with rescore_at_worker(stack, session_id) as answers:
         first = await stack.client.delete(f"/sessions/{session_id}")
-        emulator.gpu.thaw()
     assert first.status_code == 200
     (late,) = answers
     assert late.status_code == 404, late.text

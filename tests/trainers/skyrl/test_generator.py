@@ -241,6 +241,16 @@ def check_batch(
         )
 
 
+def output_row(output: Any, i: int) -> tuple[Any, Any, Any, Any]:
+    """Row `i` of a ``GeneratorOutput``: its ids, mask and logprobs, as `segment_rows`."""
+    return (
+        output["prompt_token_ids"][i],
+        output["response_ids"][i],
+        output["loss_masks"][i],
+        output["rollout_logprobs"][i],
+    )
+
+
 def segment_rows(doc: dict[str, Any]) -> list[tuple[list[int], list[int], list[int], list[float]]]:
     """Each segment as a trajectory row: (prompt, response, mask, logprobs)."""
     rows = []
@@ -280,12 +290,7 @@ def test_trajectory_rows_are_the_sessions_exports(
         (segment,) = doc["segments"]
         (row,) = segment_rows(doc)
         expected.append(row)
-        assert (
-            output["prompt_token_ids"][i],
-            output["response_ids"][i],
-            output["loss_masks"][i],
-            output["rollout_logprobs"][i],
-        ) == row
+        assert output_row(output, i) == row
         # The tool call and the answer after its result: both turns sampled.
         assert len(segment["turns"]) == 2
         assert 0 in row[2] and 1 in row[2]
@@ -507,12 +512,7 @@ def test_a_weight_sync_mid_batch(make_stack: StackMaker, hf_tokenizer: Any) -> N
     assert metrics["rollout_session/continuations"] >= 1
     expected = [segment_rows(doc)[0] for doc in docs]
     for i, row in enumerate(expected):
-        assert (
-            output["prompt_token_ids"][i],
-            output["response_ids"][i],
-            output["loss_masks"][i],
-            output["rollout_logprobs"][i],
-        ) == row
+        assert output_row(output, i) == row
     check_batch(trained_batch(cfg, hf_tokenizer, output, uids, len(batch["prompts"])), expected)
 
 

@@ -27,7 +27,7 @@ from rollout_session import Settings, create_app  # noqa: E402
 from rollout_session.emulator import EmulatorConfig, TextModel, bundled_tokenizer_path  # noqa: E402
 from rollout_session.http.serving import start_server  # noqa: E402
 from rollout_session.prompt.tokenizer import ChatTokenizer  # noqa: E402
-from rollout_session.trainers.segments import SegmentTokens  # noqa: E402
+from rollout_session.trainers.segments import SegmentTokens, routed_experts  # noqa: E402
 from tests.conftest import Worker, spawn_worker  # noqa: E402
 from tests.loopback import TLS  # noqa: E402
 from tests.stalls import in_flight_midway, stalled  # noqa: E402
@@ -406,11 +406,10 @@ async def one_episode(
 
 
 def routed(segment: dict[str, Any]) -> Any:
-    from rollout_session.trainers.segments import routed_experts
-
-    rows_ = routed_experts(segment, 2)
-    assert rows_ is not None
-    return rows_.copy()
+    """The segment's exported routed experts, top-k 2 (the emulator's)."""
+    experts = routed_experts(segment, 2)
+    assert experts is not None
+    return experts.copy()
 
 
 @pytest.mark.parametrize("use_v1", [False, True], ids=["legacy", "v1"])

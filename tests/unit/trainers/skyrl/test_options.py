@@ -165,3 +165,14 @@ def test_logprobs_by_skyrls_rule() -> None:
     # No sampling dict in the batch: the config's.
     assert not wants_logprobs(None, _cfg())
     assert wants_logprobs(None, None)
+
+
+def test_what_it_pins_is_what_a_session_pins_and_records() -> None:
+    """The adapter sits on the client and cannot import the server's list of
+    pinnable keys (turn/sampling.py), nor the engines' recorded ones
+    (engines/sampling.py): the three say the same keys."""
+    from rollout_session.engines.sampling import SAMPLING_KEYS
+    from rollout_session.trainers.skyrl.options import PINNED
+    from rollout_session.turn.sampling import PINNED_KEYS
+
+    assert set(PINNED) == set(PINNED_KEYS) == set(SAMPLING_KEYS)
