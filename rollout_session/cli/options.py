@@ -19,7 +19,7 @@ import orjson
 from ..config import Settings
 from ..engines.kv_sessions import KvMode
 from ..engines.registry import AUTO, ENGINES, engine_flags
-from ..engines.spec import flag_bool
+from ..engines.spec import boolean
 
 __all__ = [
     "ENV_PREFIX",
@@ -44,9 +44,6 @@ def _json_object(value: str) -> dict[str, Any]:
 
 def _optional_float(value: str) -> float | None:
     return None if value.lower() in {"none", "off", ""} else float(value)
-
-
-_bool = flag_bool
 
 
 Option = tuple[str, str, Callable[[str], Any], str]
@@ -197,10 +194,23 @@ SERVE_OPTIONS: tuple[Option, ...] = _SERVER_OPTIONS + _engine_options()
 
 
 def _env_default(
-    env: Mapping[str, str], dest: str, kind: Callable[[str], Any], default: Any
+    parser: argparse.ArgumentParser,
+    env: Mapping[str, str],
+    dest: str,
+    kind: Callable[[str], Any],
+    default: Any,
 ) -> Any:
-    raw = env.get(ENV_PREFIX + dest.upper())
-    return default if raw is None else kind(raw)
+    """`dest`'s default: its ``ROLLOUT_SESSION_<DEST>`` variable's value, read
+    as its flag's would be (a bad one is a usage error naming the
+    variable, as a bad flag is), else `default`."""
+    name = ENV_PREFIX + dest.upper()
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        return kind(raw)
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+        parser.error(f"{name}={raw!r}: {exc}")
 
 
 # (flag, dest, help) of the repeatable URL flags; env: comma-separated
@@ -226,7 +236,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str])
     """Add the ``serve`` flags to `parser`, their defaults from `env` or `Settings`."""
     defaults = Settings(demo=True)
     for flag, dest, kind, help_text in SERVE_OPTIONS:
-        default = _env_default(env, dest, kind, getattr(defaults, dest))
+        default = _env_default(parser, env, dest, kind, getattr(defaults, dest))
         parser.add_argument(flag, dest=dest, type=kind, default=default, help=help_text)
     # URL lists: the flag repeated, else the variable's comma-separated list.
     for flag, dest, help_text in URL_LISTS:
@@ -242,32 +252,32 @@ def add_serve_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str])
     parser.add_argument(
         "--sglang-session-cache",
         action="store_true",
-        default=_env_default(env, "sglang_session_cache", _bool, False),
+        default=_env_default(parser, env, "sglang_session_cache", boolean, False),
         help="the same as --kv-sessions hint (kept for existing command lines)",
     )
     parser.add_argument(
         "--routed-experts",
         action="store_true",
-        default=_env_default(env, "routed_experts", _bool, False),
+        default=_env_default(parser, env, "routed_experts", boolean, False),
         help="record MoE routed experts per token (R3), asking only for new positions",
     )
     parser.add_argument(
         "--auto-create-sessions",
         action="store_true",
-        default=_env_default(env, "auto_create_sessions", _bool, False),
+        default=_env_default(parser, env, "auto_create_sessions", boolean, False),
         help="a root /v1 request naming a session id never held creates that session",
     )
     parser.add_argument(
         "--demo",
         action="store_true",
-        default=_env_default(env, "demo", _bool, False),
+        default=_env_default(parser, env, "demo", boolean, False),
         help="start built-in emulator workers of the engine in-process (no GPU needed); it uses "
         "--tokenizer and --chat-template when given",
     )
     parser.add_argument(
         "--demo-reasoning",
         action="store_true",
-        default=_env_default(env, "demo_reasoning", _bool, False),
+        default=_env_default(parser, env, "demo_reasoning", boolean, False),
         help="demo workers answer like a reasoning model (e.g. with --chat-template qwen3)",
     )
 

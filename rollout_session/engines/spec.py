@@ -22,7 +22,7 @@ from .base import Engine
 from .pool import WorkerDialect, WorkerPool
 from .served_model import ServedModel
 
-__all__ = ["EngineFlag", "EngineParts", "EngineSettings", "EngineSpec", "Launch", "flag_bool"]
+__all__ = ["EngineFlag", "EngineParts", "EngineSettings", "EngineSpec", "Launch", "boolean"]
 
 
 class EngineSettings(Protocol):
@@ -45,8 +45,9 @@ class EngineSettings(Protocol):
     def session_ttl_s(self) -> float | None: ...
 
 
-def flag_bool(value: str) -> bool:
-    """A boolean flag's value: 1/true/yes/on or 0/false/no/off."""
+def boolean(value: str) -> bool:
+    """A boolean flag's value: 1/true/yes/on or 0/false/no/off (its name is
+    argparse's word for a value it refuses: "invalid boolean value")."""
     if value.lower() in {"1", "true", "yes", "on"}:
         return True
     if value.lower() in {"0", "false", "no", "off", ""}:

@@ -98,6 +98,20 @@ def test_flags_and_environment() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [("DEMO", "maybe", "not a boolean"), ("PORT", "x", "invalid literal")],
+    ids=["boolean", "integer"],
+)
+def test_a_bad_environment_value_is_a_usage_error_naming_it(
+    variable: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse([], {f"ROLLOUT_SESSION_{variable}": value})
+    assert exited.value.code == 2
+    assert f"ROLLOUT_SESSION_{variable}={value!r}: {said}" in capsys.readouterr().err
+
+
 def test_limits_beyond_tokens_by_flag_or_environment() -> None:
     defaults = parse(["--worker", "http://w:1"], {})
     assert defaults.turn_limits().max_session_bytes == 64 * 2**20

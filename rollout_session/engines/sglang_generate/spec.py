@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..base import Engine
 from ..kv_sessions import KvMode
 from ..sglang_workers import PARSE_ROUTES, sglang_setting
-from ..spec import EngineFlag, EngineParts, EngineSettings, EngineSpec, flag_bool
+from ..spec import EngineFlag, EngineParts, EngineSettings, EngineSpec, boolean
 from .parsers import Parsers
 from .workers import SGLANG_GENERATE_WORKERS
 
@@ -51,7 +51,7 @@ SPEC = EngineSpec(
             "true or false: the workers' --skip-tokenizer-init (they answer ids without "
             "text); read from the workers (a server started without any learns it from "
             "the first to join)",
-            kind=flag_bool,
+            kind=boolean,
         ),
         EngineFlag(
             "--kv-sessions",
