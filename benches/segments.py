@@ -29,7 +29,7 @@ a fixed cycle.
    each started by a compacted history (``history_edited``); then its
    current segment is extended turn by turn to ``--turns`` (128). Session B,
    the baseline, has no earlier segment and the same messages as A's
-   current segment. Target: turn 128 ≤ 1.5× turn 2 for A, as for B.
+   current segment. Target: turn 128 ≤ 1.3× turn 2 for A, as for B.
 
 Each turn's user message is a ~``--user-words`` observation (P3's tool
 result shape: ~44k tokens at turn 128), each answer ~``--answer-words``
@@ -68,6 +68,8 @@ from rollout_session.turn.plan import TurnPolicy, plan_turn
 from rollout_session.turn.request import ChatRequest, parse_chat_request
 from rollout_session.turn.runner import TurnOutcome, TurnRunner, sampled
 
+# Extension at turn 128 over turn 2 (issue 46 lowered it from 1.5×).
+EXTEND_TARGET = 1.3
 SYSTEM: Message = {"role": "system", "content": "You are a careful coding agent. " * 20}
 TASK = "Find out why the build fails and fix it."
 NUDGE: Message = {
@@ -315,13 +317,13 @@ async def main(args: argparse.Namespace) -> None:
     print(f"\nTurn {args.turns} vs turn 2, side by side (ms CPU, median of {args.final_repeats})")
     print(table(ratio_rows))
     with_ratio, without_ratio = (r["total ×"] for r in ratio_rows)
-    extend_met = with_ratio <= 1.5
+    extend_met = with_ratio <= EXTEND_TARGET
     present = median_ms(sides["A", args.turns].total_s) / median_ms(sides["B", args.turns].total_s)
     print(f"turn {args.turns} with segments present / without: {present:.3f}×")
     print(
-        f"target: turn {args.turns} ≤ 1.5× turn 2 with segments present: {with_ratio:.3f}× → "
-        f"{verdict(extend_met)} (without: {without_ratio:.3f}×, "
-        f"{verdict(without_ratio <= 1.5)})"
+        f"target: turn {args.turns} ≤ {EXTEND_TARGET}× turn 2 with segments present: "
+        f"{with_ratio:.3f}× → {verdict(extend_met)} (without: {without_ratio:.3f}×, "
+        f"{verdict(without_ratio <= EXTEND_TARGET)})"
     )
     print(f"A's current segment ids == B's: {same}; C's ids == render of its last request: {tito}")
     print(f"({took_s:.0f} s)")

@@ -19,9 +19,17 @@ times, ``--chats`` turns per run, along three paths:
 
 With ``--compare-with DIR`` a fourth path, ``server-before``, runs a second
 session server from the package exported at DIR (``git archive <commit>
-rollout_session | tar -x -C DIR``; put first on its ``PYTHONPATH``),
-alternating with the others: before/after numbers from the same run, under
-the same machine load.
+rollout_session | tar -x -C DIR``; put first on its ``PYTHONPATH``; a git
+revision is exported for you), alternating with the others: before/after
+numbers from the same run, under the same machine load.
+
+``--upstream replay`` puts the zero-cost replay worker (``benches/replay.py``)
+behind every path instead of the emulator: one answer recorded from the
+emulator, served for every turn at near-zero CPU, so the process in the
+middle sets the pace and "server / raw throughput" compares the session server
+with a proxy that does nothing but forward. With the emulator as the worker
+(the default), its own CPU per turn paces both paths and the ratio says
+little about the server.
 
 ``--system-tokens N`` puts a system prompt of ~N tokens, the same in every
 session, before each first prompt (RL's shape: many episodes, one system
@@ -41,6 +49,7 @@ CPU and loopback on the shared 2 cores.
     python benches/small_turns.py
     python benches/small_turns.py --concurrency 1,64 --profile prof/
     python benches/small_turns.py --compare-with /tmp/rs-before
+    python benches/small_turns.py --upstream replay --concurrency 16 --compare-with main
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ import itertools
 import json
 import math
 import statistics
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -67,6 +77,7 @@ from _common import (
     Child,
     Window,
     agent_client,
+    as_worker_request,
     bench_command,
     bench_parser,
     child,
@@ -208,7 +219,7 @@ def _paired(ours: list[float], raw: list[float]) -> str:
 
 
 async def measure(
-    emulator: Child,
+    worker: Child,
     raw: Child,
     servers: dict[str, Child],
     concurrency: int,
@@ -217,34 +228,37 @@ async def measure(
     modes = [*MODES, *(m for m in servers if m not in MODES)]
     fronts = {**servers, "raw-ids": raw}
     latencies: dict[str, list[float]] = {mode: [] for mode in modes}
-    emulator_cpu = dict.fromkeys(modes, 0.0)
+    worker_cpu = dict.fromkeys(modes, 0.0)
     overhead: dict[str, list[float]] = {mode: [] for mode in servers}
-    server_cpu = dict.fromkeys(servers, 0.0)
+    # CPU of the process in the middle: each server's, and the raw proxy's.
+    middle_cpu = dict.fromkeys([*servers, "raw-ids"], 0.0)
     # Turns per second of each run, by mode: throughput paired per repeat.
     throughput: dict[str, list[float]] = {mode: [] for mode in modes}
     errors: list[str] = []
-    window = Window([emulator, raw, *servers.values()])
+    window = Window([worker, raw, *servers.values()])
     for rep in range(args.repeats):
         # The servers (the last of MODES, then server-before) swap places every
         # repetition: neither always runs right after the other.
         order = modes if rep % 2 == 0 else [*MODES[:2], *reversed(modes[2:])]
         for mode in order:
-            front = fronts.get(mode, emulator)
+            front = fronts.get(mode, worker)
+            # The server's profile, and the raw proxy's to hold it against.
             prof = (
-                args.profile / f"p2-c{concurrency}-r{rep}.txt"
-                if args.profile and mode == "server"
+                args.profile / f"p2-{mode}-c{concurrency}-r{rep}.txt"
+                if args.profile and mode in ("server", "raw-ids")
                 else None
             )
-            before, before_server = emulator.cpu_s(), front.cpu_s()
+            before, before_middle = worker.cpu_s(), front.cpu_s()
             started = time.perf_counter()
             async with profile(front if prof else None, prof, rate=400):
                 result = await run_once(front.url, mode, concurrency, args)
             throughput[mode].append(len(result.latencies) / (time.perf_counter() - started))
-            emulator_cpu[mode] += emulator.cpu_s() - before
+            worker_cpu[mode] += worker.cpu_s() - before
             latencies[mode] += result.latencies
             errors += result.errors
+            if mode in middle_cpu:
+                middle_cpu[mode] += front.cpu_s() - before_middle
             if mode in servers:
-                server_cpu[mode] += front.cpu_s() - before_server
                 overhead[mode] += await server_overheads(front.url, result)
     usage = window.finish()
     fair, proxied, through = (latencies[m] for m in MODES)
@@ -262,9 +276,10 @@ async def measure(
         "raw proxy added p99 ms": ms(pct(proxied, 99) - pct(fair, 99)),
         "in-server p50 ms": ms(pct(overhead["server"], 50)),
         "in-server p99 ms": ms(pct(overhead["server"], 99)),
-        "server CPU ms/turn": ms(server_cpu["server"] / n["server"]),
-        "emulator CPU ms/turn direct-ids": ms(emulator_cpu["direct-ids"] / n["direct-ids"]),
-        "emulator CPU ms/turn via server": ms(emulator_cpu["server"] / n["server"]),
+        "server CPU ms/turn": ms(middle_cpu["server"] / n["server"]),
+        "raw proxy CPU ms/turn": ms(middle_cpu["raw-ids"] / n["raw-ids"]),
+        "worker CPU ms/turn direct-ids": ms(worker_cpu["direct-ids"] / n["direct-ids"]),
+        "worker CPU ms/turn via server": ms(worker_cpu["server"] / n["server"]),
         "server / raw throughput": _paired(throughput["server"], throughput["raw-ids"]),
         "foreign cores": usage["foreign_cores"],
         "errors": len(errors),
@@ -279,7 +294,7 @@ async def measure(
             "before added p99 ms": ms(pct(earlier, 99) - pct(fair, 99)),
             "before in-server p50 ms": ms(pct(overhead[BEFORE], 50)),
             "before in-server p99 ms": ms(pct(overhead[BEFORE], 99)),
-            "before server CPU ms/turn": ms(server_cpu[BEFORE] / n[BEFORE]),
+            "before server CPU ms/turn": ms(middle_cpu[BEFORE] / n[BEFORE]),
         }
     return row
 
@@ -301,8 +316,9 @@ _COLUMNS = [
 _CPU_COLUMNS = [
     "concurrency",
     "server CPU ms/turn",
-    "emulator CPU ms/turn direct-ids",
-    "emulator CPU ms/turn via server",
+    "raw proxy CPU ms/turn",
+    "worker CPU ms/turn direct-ids",
+    "worker CPU ms/turn via server",
     "server / raw throughput",
     "foreign cores",
     "errors",
@@ -326,29 +342,28 @@ _BEFORE_COLUMNS = [
 
 async def main(args: argparse.Namespace) -> None:
     print(
-        f"{load_average()}; prompt ~{args.prompt_tokens} tokens (+ a shared system prompt "
-        f"of ~{args.system_tokens}), {args.completion_tokens} "
+        f"{load_average()}; worker: {args.upstream}; prompt ~{args.prompt_tokens} tokens "
+        f"(+ a shared system prompt of ~{args.system_tokens}), {args.completion_tokens} "
         f"completion tokens, {args.turns} turns/session, {args.chats} turns per run"
     )
-    emulator_flags = ["--completion-tokens", str(args.completion_tokens), "--record-limit", "0"]
     rows = []
     async with (
-        child("emulator", emulator_command(*emulator_flags)) as emulator,
+        _worker(args) as worker,
         child(
             "server",
-            server_command([emulator.url], *args.server_flag),
+            server_command([worker.url], *args.server_flag),
             marker="rollout-session listening on",
         ) as server,
-        child("raw", bench_command("passthrough.py", "--upstream", emulator.url)) as raw,
-        _before_server(emulator, args) as before,
+        child("raw", bench_command("passthrough.py", "--upstream", worker.url)) as raw,
+        _before_server(worker, args) as before,
     ):
         servers = {"server": server, **({BEFORE: before} if before else {})}
         fronts = {**servers, "raw-ids": raw}
         warm = argparse.Namespace(**{**vars(args), "chats": 4 * args.turns})
         for mode in dict.fromkeys([*MODES, *servers]):
-            await run_once(fronts.get(mode, emulator).url, mode, 4, warm)
+            await run_once(fronts.get(mode, worker).url, mode, 4, warm)
         for concurrency in args.concurrency:
-            rows.append(await measure(emulator, raw, servers, concurrency, args))
+            rows.append(await measure(worker, raw, servers, concurrency, args))
             print(table([rows[-1]], _COLUMNS), flush=True)
     print()
     print(load_average())
@@ -373,7 +388,34 @@ async def main(args: argparse.Namespace) -> None:
 
 
 @asynccontextmanager
-async def _before_server(emulator: Child, args: argparse.Namespace) -> AsyncIterator[Child | None]:
+async def _worker(args: argparse.Namespace) -> AsyncIterator[Child]:
+    """The worker behind every path: the emulator, or the replay worker
+    serving one answer recorded from it (its ids, logprobs and text as the
+    emulator samples them for a first prompt of this size)."""
+    flags = ["--completion-tokens", str(args.completion_tokens), "--record-limit", "0"]
+    async with child("emulator", emulator_command(*flags)) as emulator:
+        if args.upstream == "emulator":
+            yield emulator
+            return
+        request = {
+            "messages": [{"role": "user", "content": first_prompt(args.prompt_tokens, 0)}],
+            "max_tokens": args.completion_tokens,
+            "seed": 0,
+        }
+        async with httpx.AsyncClient(timeout=300) as client:
+            response = await client.post(
+                f"{emulator.url}/v1/chat/completions", json=as_worker_request(request)
+            )
+        response.raise_for_status()
+    answer = Path(tempfile.mkdtemp(prefix="rollout-p2-")) / "answer.json"
+    answer.write_bytes(response.content)
+    command = bench_command("replay.py", "--answer", str(answer), "--tokenizer", tokenizer_path())
+    async with child("replay", command) as replay:
+        yield replay
+
+
+@asynccontextmanager
+async def _before_server(worker: Child, args: argparse.Namespace) -> AsyncIterator[Child | None]:
     if not args.compare_with:
         yield None
         return
@@ -381,7 +423,7 @@ async def _before_server(emulator: Child, args: argparse.Namespace) -> AsyncIter
     command = [
         "env",
         f"PYTHONPATH={args.compare_with.resolve()}",
-        *server_command([emulator.url], *args.server_flag),
+        *server_command([worker.url], *args.server_flag),
     ]
     async with child("server-before", command, marker="rollout-session listening on") as before:
         yield before
@@ -394,7 +436,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     paths = (
         (
             "direct-ids p50 ms",
-            "direct to emulator (with input_ids)",
+            "direct to the worker (with input_ids)",
             lambda r: r["direct-ids p50 ms"],
         ),
         (
@@ -438,9 +480,17 @@ if __name__ == "__main__":
     )
     parser.add_argument("--completion-tokens", type=int, default=256)
     parser.add_argument(
+        "--upstream",
+        choices=("emulator", "replay"),
+        default="emulator",
+        help="the worker: the emulator, or the zero-cost replay of one recorded answer",
+    )
+    parser.add_argument(
         "--server-flag", action="append", default=[], help="extra flag for `serve` (repeatable)"
     )
-    parser.add_argument("--profile", type=Path, help="py-spy the server into this dir")
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy the server and the raw proxy into this dir"
+    )
     parser.add_argument(
         "--compare-with",
         type=package_at,

@@ -226,7 +226,7 @@ async def main(args: argparse.Namespace) -> None:
                 f"= {last_row[key] / second[key]:.2f}x"
             )
         if not args.render_whole:
-            print("target: turn 128 <= 1.5x turn 2")
+            print("target: plan ms turn 128 <= 1.5x turn 2; TITO total turn 128 <= 1.8x turn 2")
     write_json(
         args.json,
         {
