@@ -183,10 +183,6 @@ def _varied_calls(calls: Any) -> list[dict[str, Any]] | None:
 # The roles a shared head is made of (`ChatTokenizer._shared_prefix`).
 _LEAD_ROLES: Final = frozenset({"system", "developer"})
 
-# Texts at least this long are tokenised without holding the GIL (`encode`);
-# shorter ones take the call with less overhead.
-_GIL_FREE_CHARS = 16 * 1024
-
 
 class ChatTokenizer:
     """An HF tokenizer plus the chat template(s) the server renders with."""
@@ -292,14 +288,13 @@ class ChatTokenizer:
         return self._plain.arguments
 
     def encode(self, text: str) -> list[int]:
-        if len(text) < _GIL_FREE_CHARS:
-            ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
-            return ids
-        # `tokenizers` holds the GIL through `encode` but not `encode_batch`:
-        # a long text tokenised on a thread must not stop the event loop.
-        [encoding] = self._backend.encode_batch([text], add_special_tokens=False)
-        batch_ids: list[int] = encoding.ids
-        return batch_ids
+        # `encode_batch_fast`: the tokenizer's own fast path, the same ids
+        # without the offsets (docs/performance.md#tokenising-without-offsets);
+        # and unlike `encode` it does not hold the GIL, so a long text
+        # tokenised on a thread does not stop the event loop.
+        [encoding] = self._backend.encode_batch_fast([text], add_special_tokens=False)
+        ids: list[int] = encoding.ids
+        return ids
 
     @property
     def hf(self) -> Any:
