@@ -86,10 +86,19 @@ class TokenBuffer:
     def num_sampled(self) -> int:
         return self._num_sampled
 
-    def _spans(self) -> list[tuple[int, int, int]]:
-        """(start, middle, end) of every chunk."""
+    def _spans(self, first: int = 0) -> list[tuple[int, int, int]]:
+        """(start, middle, end) of every chunk from the `first`-th on."""
         b = self._bounds
-        return [(b[i - 1] if i else 0, b[i], b[i + 1]) for i in range(0, len(b), 2)]
+        return [(b[i - 1] if i else 0, b[i], b[i + 1]) for i in range(2 * first, len(b), 2)]
+
+    def bounds(self) -> array[int]:
+        """A copy of the chunks' bounds (each chunk's middle and end, in order)."""
+        return self._bounds[:]
+
+    def starts_with(self, bounds: array[int]) -> bool:
+        """Whether the chunks begin with those `bounds` describe, unchanged
+        (compared in C: O(chunks) at memcmp's speed)."""
+        return self._bounds[: len(bounds)] == bounds
 
     def append(
         self,
@@ -135,9 +144,10 @@ class TokenBuffer:
                     logprobs[: max(size - middle, 0)],
                 )
 
-    def runs(self) -> list[tuple[int, int]]:
-        """The sampled runs (start, end), in order: one per chunk that has one."""
-        return [(middle, end) for _, middle, end in self._spans() if middle < end]
+    def runs(self, first: int = 0) -> list[tuple[int, int]]:
+        """The sampled runs (start, end), in order: one per chunk that has
+        one, from the `first`-th chunk on."""
+        return [(middle, end) for _, middle, end in self._spans(first) if middle < end]
 
     def prefix_ids(self, end: int, then: Sequence[int] | IdArray = ()) -> IdArray:
         """``ids[:end]`` followed by `then`, as one fresh array (one copy)."""
@@ -280,14 +290,26 @@ class Checkpoint(NamedTuple):
     experts_width: int | None
 
 
+class _Verified(NamedTuple):
+    """What the last passing `Trajectory.check` saw."""
+
+    turns: list[Turn]  # the turns, in order
+    bounds: array[int]  # the token chunks' bounds
+    sampled: int  # the sampled tokens of those chunks
+
+
 class Trajectory:
     """Token sequence and turn records of one session."""
 
-    __slots__ = ("experts", "experts_width", "rescores", "tokens", "turns")
+    __slots__ = ("_verified", "experts", "experts_width", "rescores", "tokens", "turns")
 
     def __init__(self) -> None:
         self.tokens = TokenBuffer()
         self.turns: list[Turn] = []
+        # The state the last passing `check` verified: while its turns and
+        # chunk bounds are still what the trajectory begins with, only the
+        # turns after them are checked again.
+        self._verified: _Verified | None = None
         # By label; each covers a prefix of the tokens (cut with them).
         self.rescores: dict[str, Rescore] = {}
         # Little-endian int32 routed-expert ids, `experts_width` per position.
@@ -375,14 +397,30 @@ class Trajectory:
     def check(self) -> str | None:
         """Return a description of the first broken invariant, or None.
 
-        O(turns), not O(tokens): it runs before every turn. The arrays agree
-        in length by construction (mask and logprobs are derived from the
-        chunks); what can break is the chunks disagreeing with the turns.
+        Not O(tokens): the arrays agree in length by construction (mask and
+        logprobs are derived from the chunks); what can break is the chunks
+        disagreeing with the turns. It runs before every turn, so what the
+        last passing check verified is not checked again while it is
+        unchanged: its turns (the same objects, or equal ones) and its
+        chunks' bounds, compared in C, still begin the trajectory. Only the
+        turns and chunks after them take the checks in Python: O(new turns)
+        (docs/performance.md#checks-that-do-not-grow-with-the-history).
         """
-        tokens = self.tokens
-        position = 0
+        tokens, turns = self.tokens, self.turns
+        first = position = sampled = chunks = 0
+        verified = self._verified
+        if (
+            verified is not None
+            and turns[: len(verified.turns)] == verified.turns
+            and tokens.starts_with(verified.bounds)
+        ):
+            first = len(verified.turns)
+            position = turns[first - 1].completion_end if first else 0
+            sampled = verified.sampled
+            chunks = len(verified.bounds) // 2
         spans = []
-        for i, turn in enumerate(self.turns):
+        for i in range(first, len(turns)):
+            turn = turns[i]
             if turn.index != i:
                 return f"turn {i} has index {turn.index}"
             if not position == turn.prompt_start <= turn.completion_start <= turn.completion_end:
@@ -396,9 +434,11 @@ class Trajectory:
                 spans.append((turn.completion_start, turn.completion_end))
         if position != len(tokens):
             return f"turns cover {position} tokens but the sequence has {len(tokens)}"
-        runs = tokens.runs()
+        runs = tokens.runs(chunks)
         if runs != spans:
             return f"sampled runs {runs} are not the turns' completion spans {spans}"
-        if tokens.num_sampled != sum(end - start for start, end in runs):
+        sampled += sum(end - start for start, end in runs)
+        if tokens.num_sampled != sampled:
             return "sampled logprobs do not match the sampled runs"
+        self._verified = _Verified(list(turns), tokens.bounds(), sampled)
         return None

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from rollout_session.session import trajectory
 from rollout_session.session.trajectory import TokenBuffer, Trajectory, Turn
+from rollout_session.tokens import VersionSpan
 
 
 def make_turn(index: int, start: int, prompt: int, sampled: int, messages_end: int) -> Turn:
@@ -141,3 +145,87 @@ def test_ranges_within_one_chunk_are_found_by_bisection(seed: int) -> None:
             )
             assert buffer._within_chunk(start, end) == scanned, (start, end)
     assert np.array_equal(buffer.ids_between(0, n), buffer.ids)
+
+
+def _commit_versioned(traj: Trajectory, keep: int) -> None:
+    """A turn of 2 prompt and 3 sampled tokens, its sampled tokens labelled."""
+    start = traj.length_after(keep)
+    traj.commit(
+        keep_turns=keep,
+        prompt_ids=[1, 2],
+        sampled_ids=np.array([3, 4, 5], np.int32),
+        sampled_logprobs=np.zeros(3, np.float32),
+        turn=dataclasses.replace(
+            make_turn(keep, start, 2, 3, 2 * (keep + 1)),
+            weight_versions=(VersionSpan(0, 3, "v1"),),
+        ),
+    )
+
+
+def _checked(turns: int) -> Trajectory:
+    """A trajectory of `turns` turns that passed its check after each commit."""
+    traj = Trajectory()
+    for i in range(turns):
+        _commit_versioned(traj, i)
+        assert traj.check() is None
+    return traj
+
+
+def test_a_check_after_one_more_turn_checks_that_turn_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the last passing check verified is not checked again: the work
+    grows with the new turns, not with the history."""
+    traj = _checked(50)
+    checked: list[int] = []
+    real_tiles = trajectory.tiles
+
+    def counting_tiles(spans: tuple[VersionSpan, ...], n: int) -> bool:
+        checked.append(n)
+        return real_tiles(spans, n)
+
+    monkeypatch.setattr(trajectory, "tiles", counting_tiles)
+    _commit_versioned(traj, 50)
+    assert traj.check() is None
+    assert len(checked) == 1  # the new turn's spans, none of the 50 before
+    traj.turns[10] = dataclasses.replace(traj.turns[10])  # equal, not the same object
+    assert traj.check() is None
+    assert len(checked) == 1
+    commit(traj, 20, [1], [2])  # a rollback (rare): checked whole again
+    assert traj.check() is None
+    assert len(checked) == 1 + 20
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    ["earlier-chunks-rewritten", "earlier-turn-replaced", "turn-dropped", "last-chunk-rewritten"],
+)
+def test_a_change_to_what_was_verified_is_still_found(corrupt: str) -> None:
+    """Changed turns or chunks before the last check's mark are checked
+    again, whole: nothing verified once is trusted after it changed."""
+    traj = _checked(4)
+    tokens = traj.tokens
+    if corrupt == "earlier-chunks-rewritten":
+        # The same length and sampled count: turns 1 and 2's runs moved.
+        tokens.truncate(5)
+        tokens.append([1, 2, 3], np.array([4, 5], np.int32), np.zeros(2, np.float32))
+        tokens.append([1], np.array([2, 3, 4, 5], np.int32), np.zeros(4, np.float32))
+        tokens.append([1, 2], np.array([3, 4, 5], np.int32), np.zeros(3, np.float32))
+        assert (len(tokens), tokens.num_sampled) == (20, 12)
+    elif corrupt == "earlier-turn-replaced":
+        traj.turns[1] = dataclasses.replace(traj.turns[1], index=7)
+    elif corrupt == "turn-dropped":
+        del traj.turns[2]
+    else:
+        tokens.truncate(15)
+        tokens.append([1, 2, 3], np.array([4, 5], np.int32), np.zeros(2, np.float32))
+    assert traj.check() is not None
+
+
+def test_a_rollback_is_checked_from_its_kept_turns() -> None:
+    traj = _checked(6)
+    commit(traj, 3, [9], [8, 7])
+    assert traj.check() is None
+    assert [t.index for t in traj.turns] == [0, 1, 2, 3]
+    traj.tokens.truncate(len(traj.tokens) - 1)  # the new turn's last token lost
+    assert traj.check() is not None
