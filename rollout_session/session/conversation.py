@@ -200,7 +200,16 @@ class Conversation:
         """Number of leading messages shared with `incoming` (docs/api.md#history-rules)."""
         n = 0
         for record, message in zip(self._records, incoming, strict=False):
-            if not _same(record, message):
+            # Inline, what most messages are: the same role and content
+            # objects' equality, no tool calls on either side, no reasoning
+            # sent; `_same` would call them the same, and decides the rest.
+            if (
+                record[1] != message[_CONTENT]
+                or record[3] is not None
+                or record[0] != message["role"]
+                or message.get("tool_calls")
+                or message.get(_REASONING) is not None
+            ) and not _same(record, message):
                 break
             n += 1
         return n

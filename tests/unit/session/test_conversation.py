@@ -117,3 +117,80 @@ def test_a_long_reasoning_is_counted_whole() -> None:
     reasoning = "x" * 1_000_000
     answer = assistant_message("ok", [], reasoning)
     assert Conversation([answer]).text_bytes >= 1_000_000
+
+
+def _long_history() -> list[dict[str, Any]]:
+    """Plain turns, with tool calls and reasoning every third answer."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for i in range(12):
+        messages.append({"role": "user", "content": f"step {i}"})
+        if i % 3 == 0:
+            answer = assistant_message("", [call("f", f'{{"i": {i}}}', f"c{i}")], "why")
+        else:
+            answer = assistant_message(f"answer {i}", [], None)
+        messages.append(answer)
+    return normalize_messages(messages)
+
+
+def _echo(message: dict[str, Any], change: str) -> dict[str, Any]:
+    """How an agent might send a stored message back."""
+    echoed = dict(message)
+    if change == "content-none" and not echoed["content"]:
+        echoed["content"] = None
+    elif change == "reasoning-echoed" and "reasoning_content" in echoed:
+        echoed["reasoning_content"] = echoed["reasoning_content"]
+    elif change == "reasoning-changed" and "reasoning_content" in echoed:
+        echoed["reasoning_content"] = "something else"
+    elif change == "call-id-changed" and echoed.get("tool_calls"):
+        echoed["tool_calls"] = [dict(c, id="other") for c in echoed["tool_calls"]]
+    elif change == "arguments-as-float" and echoed.get("tool_calls"):
+        echoed["tool_calls"] = [
+            dict(
+                c,
+                function={"name": "f", "arguments": {"i": float(c["function"]["arguments"]["i"])}},
+            )
+            for c in echoed["tool_calls"]
+        ]
+    elif change == "arguments-as-text" and echoed.get("tool_calls"):
+        echoed["tool_calls"] = [
+            dict(
+                c,
+                function={
+                    "name": "f",
+                    "arguments": orjson.dumps(c["function"]["arguments"]).decode(),
+                },
+            )
+            for c in echoed["tool_calls"]
+        ]
+    elif change == "content-changed" and echoed["content"]:
+        echoed["content"] += "!"
+    return echoed
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "none",
+        "content-none",
+        "reasoning-echoed",
+        "reasoning-changed",
+        "call-id-changed",
+        "arguments-as-float",
+        "arguments-as-text",
+        "content-changed",
+    ],
+)
+@pytest.mark.parametrize("at", [0, 1, 6, 7, 13, 24], ids=lambda at: f"from-{at}")
+def test_matching_a_long_history_is_messages_common_prefix(change: str, at: int) -> None:
+    """`messages.common_prefix`'s answer wherever a history starts to
+    differ, through echoes that are still the same message (content None for
+    "", reasoning sent back, other call ids, 1.0 for 1, text arguments)."""
+    stored = _long_history()
+    request = normalize_messages(
+        [*stored[:at], *(_echo(m, change) for m in stored[at:]), *stored[:2]]
+    )
+    expected = common_prefix(stored, request)
+    assert Conversation(stored).common_prefix(request) == expected
+    assert Conversation(stored).common_prefix(request[:-3]) == common_prefix(stored, request[:-3])
+    if change not in ("reasoning-changed", "content-changed") or at >= len(stored):
+        assert expected == len(stored)
