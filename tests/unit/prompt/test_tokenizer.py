@@ -145,10 +145,14 @@ def test_every_family_tokenizer_loads() -> None:
         assert tok.stop_ids and tok.stop_ids <= set(range(tok.vocab_size))
 
 
-@pytest.mark.parametrize("size", [100, 16 * 1024, 200_000], ids=["short", "threshold", "long"])
-def test_encode_gives_the_same_ids_on_either_side_of_the_gil_free_threshold(size: int) -> None:
-    tok = family_tokenizer("qwen3")
-    text = ("def f(x):\n    return x * 2  # ünïcode 日本\n" * (size // 40 + 1))[:size]
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("size", [0, 100, 200_000], ids=["empty", "short", "long"])
+def test_encode_gives_the_tokenizers_own_ids(family: str, size: int) -> None:
+    """`encode` takes the tokenizer's fast path (no offsets, the GIL
+    released): the ids of its plain `encode`, special tokens and all."""
+    tok = family_tokenizer(family)
+    line = "def f(x):\n    return x * 2  # ünïcode 日本 😀 <|im_end|> </s> [INST]\n"
+    text = (line * (size // len(line) + 1))[:size]
     expected = tok._backend.encode(text, add_special_tokens=False).ids
     assert tok.encode(text) == expected
 
