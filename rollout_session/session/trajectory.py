@@ -290,26 +290,30 @@ class Checkpoint(NamedTuple):
     experts_width: int | None
 
 
-class _Verified(NamedTuple):
-    """What the last passing `Trajectory.check` saw."""
-
-    turns: list[Turn]  # the turns, in order
-    bounds: array[int]  # the token chunks' bounds
-    sampled: int  # the sampled tokens of those chunks
-
-
 class Trajectory:
     """Token sequence and turn records of one session."""
 
-    __slots__ = ("_verified", "experts", "experts_width", "rescores", "tokens", "turns")
+    __slots__ = (
+        "_verified_bounds",
+        "_verified_sampled",
+        "_verified_turns",
+        "experts",
+        "experts_width",
+        "rescores",
+        "tokens",
+        "turns",
+    )
 
     def __init__(self) -> None:
         self.tokens = TokenBuffer()
         self.turns: list[Turn] = []
-        # The state the last passing `check` verified: while its turns and
-        # chunk bounds are still what the trajectory begins with, only the
-        # turns after them are checked again.
-        self._verified: _Verified | None = None
+        # What the last passing `check` verified: its turns, the token
+        # chunks' bounds and the sampled tokens they hold. While those turns
+        # and bounds still begin the trajectory, only later turns are checked
+        # again. (A tuple and an array: one more GC-tracked object a session.)
+        self._verified_turns: tuple[Turn, ...] = ()
+        self._verified_bounds = array("i")
+        self._verified_sampled = 0
         # By label; each covers a prefix of the tokens (cut with them).
         self.rescores: dict[str, Rescore] = {}
         # Little-endian int32 routed-expert ids, `experts_width` per position.
@@ -408,16 +412,16 @@ class Trajectory:
         """
         tokens, turns = self.tokens, self.turns
         first = position = sampled = chunks = 0
-        verified = self._verified
+        verified = self._verified_turns
         if (
-            verified is not None
-            and turns[: len(verified.turns)] == verified.turns
-            and tokens.starts_with(verified.bounds)
+            verified
+            and tuple(turns[: len(verified)]) == verified
+            and tokens.starts_with(self._verified_bounds)
         ):
-            first = len(verified.turns)
-            position = turns[first - 1].completion_end if first else 0
-            sampled = verified.sampled
-            chunks = len(verified.bounds) // 2
+            first = len(verified)
+            position = turns[first - 1].completion_end
+            sampled = self._verified_sampled
+            chunks = len(self._verified_bounds) // 2
         spans = []
         for i in range(first, len(turns)):
             turn = turns[i]
@@ -440,5 +444,7 @@ class Trajectory:
         sampled += sum(end - start for start, end in runs)
         if tokens.num_sampled != sampled:
             return "sampled logprobs do not match the sampled runs"
-        self._verified = _Verified(list(turns), tokens.bounds(), sampled)
+        self._verified_turns = tuple(turns)
+        self._verified_bounds = tokens.bounds()
+        self._verified_sampled = sampled
         return None
