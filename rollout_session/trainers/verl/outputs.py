@@ -73,22 +73,31 @@ def verl_outputs(
         )
     count = len(segments)
     dropped: list[dict[str, Any]] = []
+    dropped_sampled = 0
     if not limits.every_segment and count > 1:
         # Said, and counted in the output (`extra_fields["rollout_session"]`
         # ``segments_dropped`` / ``sampled_tokens_dropped``): never silent.
         dropped, segments = segments[:-1], segments[-1:]
+        dropped_sampled = sum(sum(s["loss_mask"]) for s in dropped)
         logger.warning(
             "session %s: %d segments with sampled tokens (the agent rewrote its history); "
             "verl's legacy trainer takes one output per run: %d sampled tokens of the "
             "earlier segments are not trained on (trainer.use_v1 trains on every segment)",
             episode.session_id,
             count,
-            sum(sum(s["loss_mask"]) for s in dropped),
+            dropped_sampled,
         )
     last = len(segments) - 1
     return [
         _output(
-            episode, segment, limits, make, metrics, main=i == last, count=count, dropped=dropped
+            episode,
+            segment,
+            limits,
+            make,
+            metrics,
+            main=i == last,
+            count=count,
+            dropped=(len(dropped), dropped_sampled),
         )
         for i, segment in enumerate(segments)
     ]
@@ -103,7 +112,7 @@ def _output(
     *,
     main: bool,
     count: int,
-    dropped: list[dict[str, Any]],
+    dropped: tuple[int, int],  # segments not output, and their sampled tokens
 ) -> Any:
     tokens = SegmentTokens.of(segment)
     cut = max(0, len(tokens.prompt_ids) - limits.prompt_length)  # left-truncated prompt ids
@@ -122,8 +131,8 @@ def _output(
             "session_id": episode.session_id,
             "segment": segment["index"],
             "segments": count,
-            "segments_dropped": len(dropped),
-            "sampled_tokens_dropped": sum(sum(s["loss_mask"]) for s in dropped),
+            "segments_dropped": dropped[0],
+            "sampled_tokens_dropped": dropped[1],
             "turns": tokens.num_turns,
             "continuations": continuations,
             "prompt_tokens_dropped": cut,
